@@ -1,0 +1,28 @@
+"""The one import point of the native module ``jaxcluster._core``.
+
+Everything in the package that needs Rust imports it from here, so a missing or stale
+build fails once, with an error that says how to fix it.
+"""
+
+from __future__ import annotations
+
+try:
+    from jaxcluster import _core
+except ImportError as exc:  # pragma: no cover - exercised only on broken installs
+    raise ImportError(
+        "jaxcluster's native module (jaxcluster._core) could not be imported: "
+        f"{exc}. Install a built wheel (`pip install jaxcluster` or `pip install .` from a "
+        "checkout, which runs maturin) rather than putting the source tree on sys.path."
+    ) from exc
+
+_EXPECTED_VERSION = "0.1.0"
+if _core.__version__ != _EXPECTED_VERSION:  # pragma: no cover
+    raise ImportError(
+        f"jaxcluster._core is version {_core.__version__} but the Python package expects "
+        f"{_EXPECTED_VERSION}; rebuild the extension (`pip install .` or `maturin develop`)."
+    )
+
+core = _core
+__version__: str = _core.__version__
+
+__all__ = ["__version__", "core"]

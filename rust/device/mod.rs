@@ -1,0 +1,1 @@
+//! TF device names (placeholder; filled by the device work).

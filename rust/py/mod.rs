@@ -1,0 +1,11 @@
+//! Thin PyO3 wrappers over the core modules, one file each, plus the error boundary.
+
+use pyo3::prelude::*;
+
+mod errors;
+
+/// Registers every binding on the `_core` module.
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! The closure queue (placeholder; filled by the queue work).
