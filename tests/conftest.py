@@ -1,0 +1,1 @@
+"""Shared pytest configuration. `tests/` is on sys.path, so `support` is importable."""
