@@ -1,0 +1,285 @@
+"""``SlurmClusterResolver``: the tasks of a Slurm job step (``srun``).
+
+Slurm hands every task its rank (``SLURM_PROCID``), the step's nodes (``SLURM_STEP_NODELIST``)
+and how many tasks run on each (``SLURM_STEP_TASKS_PER_NODE``). Ranks are laid out the way
+Slurm's default block distribution places them: node by node in node-list order, each node's
+tasks on consecutive ports from ``port_base``. Ranks then go to jobs in sorted job-name order.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from typing import Any
+
+from jaxcluster.cluster_resolver._hostlist import expand_hostlist, expand_tasks_per_node
+from jaxcluster.cluster_resolver.base import ClusterResolver, format_master_url
+from jaxcluster.cluster_spec import ClusterSpec
+
+__all__ = [
+    "CUDA_VISIBLE_DEVICES_ENV",
+    "SLURM_PROCID_ENV",
+    "SLURM_STEP_NODELIST_ENV",
+    "SLURM_STEP_NUM_TASKS_ENV",
+    "SLURM_STEP_TASKS_PER_NODE_ENV",
+    "SlurmClusterResolver",
+    "expand_hostlist",
+    "expand_tasks_per_node",
+    "get_num_gpus",
+]
+
+SLURM_PROCID_ENV = "SLURM_PROCID"
+SLURM_STEP_NUM_TASKS_ENV = "SLURM_STEP_NUM_TASKS"
+SLURM_STEP_NODELIST_ENV = "SLURM_STEP_NODELIST"
+SLURM_STEP_TASKS_PER_NODE_ENV = "SLURM_STEP_TASKS_PER_NODE"
+CUDA_VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+
+# nvidia-smi can hang on a wedged driver; a resolver must not.
+_NVIDIA_SMI_TIMEOUT_S = 20.0
+
+
+def _slurm_var(name: str) -> str:
+    try:
+        return os.environ[name]
+    except KeyError:
+        raise RuntimeError(
+            f"{name} is not set; SlurmClusterResolver must run inside a Slurm job step "
+            "(launched with srun), where Slurm sets it"
+        ) from None
+
+
+def _slurm_int(name: str) -> int:
+    value = _slurm_var(name)
+    if not value.strip().isdigit():
+        raise ValueError(f"{name} is {value!r}; expected a non-negative integer")
+    return int(value)
+
+
+def _count_visible(value: str) -> int:
+    # CUDA stops enumerating at the first entry it cannot use, so "0,-1,2" is one GPU and
+    # "" (or Slurm's "NoDevFiles") is none.
+    count = 0
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry or entry == "NoDevFiles" or entry.startswith("-"):
+            break
+        count += 1
+    return count
+
+
+def _nvidia_smi_gpus() -> int:
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "--list-gpus"],
+            capture_output=True,
+            text=True,
+            timeout=_NVIDIA_SMI_TIMEOUT_S,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0  # no binary, no driver, or no answer: no usable GPUs
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def get_num_gpus() -> int:
+    """GPUs on this node: from ``CUDA_VISIBLE_DEVICES`` if set (``''`` is zero), else the
+    lines of ``nvidia-smi --list-gpus`` (zero when it is missing or fails)."""
+    visible = os.environ.get(CUDA_VISIBLE_DEVICES_ENV)
+    if visible is not None:
+        return _count_visible(visible)
+    return _nvidia_smi_gpus()
+
+
+def _non_negative_int(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{what} is {value!r}; expected a non-negative integer")
+    if isinstance(value, str) and not value.strip().isdigit():
+        raise ValueError(f"{what} is {value!r}; expected a non-negative integer")
+    number = int(value)
+    if number < 0:
+        raise ValueError(f"{what} is {value!r}; expected a non-negative integer")
+    return number
+
+
+class SlurmClusterResolver(ClusterResolver):
+    """Tasks of the current Slurm step, with ports and GPUs assigned per node.
+
+    Constructor arguments as ``tf.distribute.cluster_resolver.SlurmClusterResolver``. Unlike
+    TF, ranks go to nodes in ``SLURM_STEP_NODELIST`` order (or ``tasks_per_node``'s order when
+    it is a dict) rather than sorted by name, so ``n9,n10`` matches Slurm's own placement;
+    ``CUDA_VISIBLE_DEVICES=''`` means no GPUs and ``gpus_per_node=0`` is allowed.
+
+    Example (inside ``srun -N2 --ntasks-per-node=2``)::
+
+        r = SlurmClusterResolver(jobs={"ps": 1, "worker": 3}, port_base=8888)
+        r.cluster_spec().as_dict()
+        # {'ps': ['n1:8888'], 'worker': ['n1:8889', 'n2:8888', 'n2:8889']}
+        r.task_type, r.task_id  # ('worker', 0) on rank 1
+    """
+
+    def __init__(
+        self,
+        jobs: Mapping[str, int] | None = None,
+        port_base: int = 8888,
+        gpus_per_node: int | None = None,
+        gpus_per_task: int | None = None,
+        tasks_per_node: int | Mapping[str, int] | None = None,
+        auto_set_gpu: bool = True,
+        rpc_layer: str | None = "grpc",
+    ) -> None:
+        super().__init__()
+        self._rank = _slurm_int(SLURM_PROCID_ENV)
+        if jobs is None:
+            jobs = {"worker": _slurm_int(SLURM_STEP_NUM_TASKS_ENV)}
+        if not isinstance(jobs, Mapping):
+            raise TypeError(f"jobs must be a dict of job name -> task count; got {jobs!r}")
+        self._jobs = {str(job): _non_negative_int(n, f"jobs[{job!r}]") for job, n in jobs.items()}
+        self._port_base = _non_negative_int(port_base, "port_base")
+        self._task_configuration = self._resolve_task_configuration(tasks_per_node)
+
+        counts = list(self._task_configuration.values())
+        max_tasks_per_node = max(counts)
+        num_tasks = sum(counts)
+        if self._port_base + max_tasks_per_node - 1 > 65535:
+            raise ValueError(
+                f"port_base {self._port_base} + {max_tasks_per_node} tasks on one node "
+                "passes port 65535; expected a lower port_base"
+            )
+        if gpus_per_node is None:
+            gpus_per_node = get_num_gpus()
+        self._gpus_per_node = _non_negative_int(gpus_per_node, "gpus_per_node")
+        if gpus_per_task is None:
+            gpus_per_task = self._gpus_per_node // max(max_tasks_per_node, 1)
+        self._gpus_per_task = _non_negative_int(gpus_per_task, "gpus_per_task")
+        if max_tasks_per_node * self._gpus_per_task > self._gpus_per_node:
+            raise ValueError(
+                f"requested {self._gpus_per_task} GPUs per task for up to "
+                f"{max_tasks_per_node} tasks on a node, but a node has {self._gpus_per_node} "
+                "GPUs; lower gpus_per_task or tasks per node"
+            )
+        if sum(self._jobs.values()) != num_tasks:
+            raise RuntimeError(
+                f"jobs {self._jobs} need {sum(self._jobs.values())} tasks but the step has "
+                f"{num_tasks} ({self._task_configuration}); make the job sizes add up to "
+                "the number of Slurm tasks"
+            )
+        if self._rank >= num_tasks:
+            raise ValueError(
+                f"{SLURM_PROCID_ENV} is {self._rank}; expected a rank below the step's "
+                f"{num_tasks} tasks"
+            )
+        self._auto_set_gpu = auto_set_gpu
+        self._rpc_layer = rpc_layer
+        self._task_type = None
+        self._task_id = None
+
+    def _resolve_task_configuration(
+        self, tasks_per_node: int | Mapping[str, int] | None
+    ) -> dict[str, int]:
+        if isinstance(tasks_per_node, Mapping):
+            config = {
+                str(host): _non_negative_int(n, f"tasks_per_node[{host!r}]")
+                for host, n in tasks_per_node.items()
+            }
+        else:
+            raw = _slurm_var(SLURM_STEP_NODELIST_ENV)
+            hosts = expand_hostlist(raw)
+            if len(set(hosts)) != len(hosts):
+                raise ValueError(
+                    f"{SLURM_STEP_NODELIST_ENV} is {raw!r}, which names a host twice; "
+                    "expected each node once"
+                )
+            if tasks_per_node is None:
+                raw_counts = _slurm_var(SLURM_STEP_TASKS_PER_NODE_ENV)
+                counts = expand_tasks_per_node(raw_counts)
+                if len(counts) != len(hosts):
+                    raise ValueError(
+                        f"{SLURM_STEP_TASKS_PER_NODE_ENV} is {raw_counts!r} ({len(counts)} "
+                        f"nodes) but {SLURM_STEP_NODELIST_ENV} is {raw!r} ({len(hosts)} "
+                        "nodes); expected one task count per node"
+                    )
+            else:
+                per_node = _non_negative_int(tasks_per_node, "tasks_per_node")
+                counts = [per_node] * len(hosts)
+            config = dict(zip(hosts, counts, strict=True))
+        if not config or not any(config.values()):
+            raise ValueError(
+                f"the step has no tasks (tasks per node: {config}); expected at least one"
+            )
+        return config
+
+    def _allocate(self) -> tuple[dict[str, list[str]], list[str], dict[int, tuple[str, int]]]:
+        """Jobs' addresses, each rank's GPU ids, and each rank's (job, index)."""
+        addresses: list[str] = []
+        gpus: list[str] = []
+        for host, count in self._task_configuration.items():
+            for local in range(count):
+                addresses.append(f"{host}:{self._port_base + local}")
+                first = local * self._gpus_per_task
+                gpus.append(",".join(str(g) for g in range(first, first + self._gpus_per_task)))
+        jobs: dict[str, list[str]] = {}
+        tasks: dict[int, tuple[str, int]] = {}
+        start = 0
+        for job, count in sorted(self._jobs.items()):
+            jobs[job] = addresses[start : start + count]
+            tasks.update({start + i: (job, i) for i in range(count)})
+            start += count
+        return jobs, gpus, tasks
+
+    def cluster_spec(self) -> ClusterSpec:
+        """The step's jobs; also sets ``CUDA_VISIBLE_DEVICES`` when ``auto_set_gpu``."""
+        jobs, gpus, _ = self._allocate()
+        if self._auto_set_gpu:
+            os.environ[CUDA_VISIBLE_DEVICES_ENV] = gpus[self._rank]
+        return ClusterSpec(jobs)
+
+    @property
+    def task_type(self) -> str | None:
+        """The job this rank belongs to (unless set explicitly)."""
+        if self._task_type is not None:
+            return self._task_type
+        return self._allocate()[2][self._rank][0]
+
+    @task_type.setter
+    def task_type(self, task_type: str | None) -> None:
+        self._task_type = task_type
+
+    @property
+    def task_id(self) -> int | None:
+        """This rank's index within its job (unless set explicitly)."""
+        if self._task_id is not None:
+            return self._task_id
+        return self._allocate()[2][self._rank][1]
+
+    @task_id.setter
+    def task_id(self, task_id: int | None) -> None:
+        self._task_id = task_id
+
+    def get_task_info(self) -> tuple[str | None, int | None]:
+        """``(task_type, task_id)`` of this rank."""
+        return self.task_type, self.task_id
+
+    def master(
+        self,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        rpc_layer: str | None = None,
+    ) -> str:
+        """The task's address as a master URL (this rank's task by default)."""
+        task_type = task_type if task_type is not None else self.task_type
+        task_id = task_id if task_id is not None else self.task_id
+        if task_type is None or task_id is None:
+            return ""
+        address = self.cluster_spec().task_address(task_type, task_id)
+        return format_master_url(address, rpc_layer or self.rpc_layer)
+
+    def num_accelerators(
+        self,
+        task_type: str | None = None,
+        task_id: int | None = None,
+        config_proto: Any = None,
+    ) -> dict[str, int]:
+        """``{'GPU': gpus_per_task}``, as TF: every task gets the same share."""
+        del task_type, task_id, config_proto
+        return {"GPU": self._gpus_per_task}
