@@ -1,7 +1,49 @@
-"""jaxcluster: TF-style cluster resolvers and ClusterCoordinator for JAX."""
+"""jaxcluster: TF-style cluster resolvers and ClusterCoordinator for JAX, with a Rust core.
+
+Example::
+
+    import jaxcluster
+    from jaxcluster.cluster_resolver import TFConfigClusterResolver
+
+    resolver = TFConfigClusterResolver()
+    jaxcluster.initialize(resolver)          # jax.distributed.initialize from TF_CONFIG
+
+Heavy parts (JAX, the Kubernetes and Google clients, worker processes) load on first use, so
+``import jaxcluster`` stays cheap.
+"""
 
 from __future__ import annotations
 
-from jaxcluster._native import __version__ as __version__
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["__version__"]
+from jaxcluster._native import __version__ as __version__
+from jaxcluster.cluster_spec import ClusterSpec as ClusterSpec
+
+# public name -> submodule that defines it, imported on first access
+_LAZY: dict[str, str] = {
+    "DeviceSpec": "jaxcluster.device_spec",
+    "LocalCluster": "jaxcluster.local_cluster",
+    "initialize": "jaxcluster.distributed",
+}
+
+__all__ = ["ClusterSpec", "DeviceSpec", "LocalCluster", "__version__", "initialize"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxcluster' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jaxcluster.device_spec import DeviceSpec
+    from jaxcluster.distributed import initialize
+    from jaxcluster.local_cluster import LocalCluster
