@@ -1,0 +1,124 @@
+"""Listing a TPU's devices and counting its cores, for ``TPUClusterResolver``.
+
+Devices come as ``(name, device_type)`` pairs with TF-style names
+(``/job:worker/replica:0/task:1/device:TPU:3``) from one of three places: a ``device_lister=``
+callable, this process's JAX devices (``tpu='local'``), or the master worker's ``ListDevices``
+RPC. Cores per host are counted by ``jaxcluster.devices`` and must be equal on every host.
+
+Example::
+
+    devices = call_lister(lambda: [("/job:worker/replica:0/task:0/device:TPU:0", "TPU")])
+    core_counts(devices)    # ({0: [0]}, 1, 1): the map, total cores, cores per host
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
+
+__all__ = [
+    "DeviceInfo",
+    "DeviceLister",
+    "TPUSystemMetadata",
+    "call_lister",
+    "check_lister",
+    "core_counts",
+    "list_devices_over_grpc",
+    "local_jax_devices",
+]
+
+#: A callable taking no arguments and returning ``(name, device_type)`` pairs.
+DeviceLister = Callable[[], Iterable[tuple[str, str]]]
+
+
+class DeviceInfo(NamedTuple):
+    """One device: its TF-style ``name`` and its ``device_type`` (``"TPU"``, ``"CPU"``...)."""
+
+    name: str
+    device_type: str
+
+
+class TPUSystemMetadata(NamedTuple):
+    """What ``TPUClusterResolver.get_tpu_system_metadata()`` returns (TF's field names).
+
+    ``topology`` is the slice topology string the Cloud TPU API or the TPU VM reports (e.g.
+    ``'2x2x2'``), or ``None`` when unknown; ``devices`` are :class:`DeviceInfo` pairs.
+    """
+
+    num_cores: int
+    num_hosts: int
+    num_of_cores_per_host: int
+    topology: str | None
+    devices: list[DeviceInfo]
+
+
+def check_lister(lister: object) -> DeviceLister | None:
+    if lister is not None and not callable(lister):
+        raise TypeError(
+            "device_lister must be a callable taking no arguments and returning "
+            f"(name, device_type) pairs; got {type(lister).__name__}: {lister!r}"
+        )
+    return lister  # type: ignore[return-value]
+
+
+def call_lister(lister: DeviceLister) -> list[DeviceInfo]:
+    """Calls ``lister`` and checks that it returned ``(str, str)`` pairs."""
+    result = lister()
+    try:
+        items = list(result)
+    except TypeError:
+        raise TypeError(
+            f"device_lister returned {type(result).__name__} {result!r}; expected an iterable "
+            "of (name, device_type) pairs"
+        ) from None
+    devices = []
+    for item in items:
+        if (
+            not isinstance(item, (tuple, list))
+            or len(item) != 2
+            or not all(isinstance(part, str) for part in item)
+        ):
+            raise TypeError(
+                f"device_lister returned the item {item!r}; expected a (name, device_type) "
+                "pair of strings such as ('/job:worker/replica:0/task:0/device:TPU:0', 'TPU')"
+            )
+        devices.append(DeviceInfo(item[0], item[1]))
+    return devices
+
+
+def local_jax_devices(job: str) -> list[DeviceInfo]:
+    """Every JAX device visible to this process (all hosts once ``jax.distributed`` is up)."""
+    import jax
+
+    from jaxcluster.devices import tf_device_names
+
+    devices = list(jax.devices())
+    names = tf_device_names(devices, job=job)
+    return [DeviceInfo(name, d.platform.upper()) for name, d in zip(names, devices, strict=True)]
+
+
+def list_devices_over_grpc(master: str, timeout: float) -> list[DeviceInfo]:
+    """Devices of the worker at ``master`` over jaxcluster's ``ListDevices`` RPC.
+
+    Every caller goes through here, so wiring the RPC in later changes one function.
+    """
+    del timeout
+    raise RuntimeError(
+        f"Cannot list the devices of the TPU worker at {master!r}: asking a remote worker "
+        "over jaxcluster's ListDevices RPC is not available yet. Pass device_lister= (a "
+        "callable returning (name, device_type) pairs) to TPUClusterResolver, or use "
+        "tpu='local' on the TPU VM itself."
+    )
+
+
+def core_counts(devices: list[DeviceInfo]) -> tuple[dict[Any, list[Any]], int, int]:
+    """``(host -> core ids, total cores, cores per host)`` of the TPU devices among ``devices``.
+
+    ``RuntimeError`` naming the hosts when they do not all have the same number of cores.
+    """
+    from jaxcluster.devices import tpu_device_map, verify_same_core_count
+
+    names = [d.name for d in devices if d.device_type == "TPU"]
+    device_map, total = tpu_device_map(names)
+    per_host = verify_same_core_count(device_map) if total else 0
+    return dict(device_map), int(total), int(per_host)
