@@ -54,13 +54,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .base import ClusterResolver, format_master_url
-    from .detect import explain, resolve
-    from .gce import GCEClusterResolver
-    from .k8s import KubernetesClusterResolver, KubernetesExecutableLocation
-    from .sagemaker import SageMakerClusterResolver
-    from .simple import SimpleClusterResolver
-    from .slurm import SlurmClusterResolver, expand_hostlist, expand_tasks_per_node
-    from .tfconfig import TFConfigClusterResolver
-    from .tpu import TPUClusterResolver
-    from .union import UnionClusterResolver, UnionResolver
+    from .base import ClusterResolver, format_master_url  # noqa: F401
+    from .detect import explain, resolve  # noqa: F401
+    from .gce import GCEClusterResolver  # noqa: F401
+    from .k8s import KubernetesClusterResolver, KubernetesExecutableLocation  # noqa: F401
+    from .sagemaker import SageMakerClusterResolver  # noqa: F401
+    from .simple import SimpleClusterResolver  # noqa: F401
+    from .slurm import SlurmClusterResolver, expand_hostlist, expand_tasks_per_node  # noqa: F401
+    from .tfconfig import TFConfigClusterResolver  # noqa: F401
+    from .tpu import TPUClusterResolver  # noqa: F401
+    from .union import UnionClusterResolver, UnionResolver  # noqa: F401
