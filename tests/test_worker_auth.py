@@ -64,11 +64,10 @@ def test_missing_or_wrong_token_is_refused_and_nothing_runs(
 
 
 def test_a_non_loopback_bind_without_a_token_is_refused() -> None:
-    popen, lines, _ = launch(["--address", "0.0.0.0:0"], token=None)
-    _, err = popen.communicate(timeout=120)
-    assert popen.returncode == 2
-    assert lines == []  # never announced itself
-    assert "without an auth token" in err and "0.0.0.0" in err
+    worker = launch(["--address", "0.0.0.0:0"], token=None)
+    assert worker.finish() == 2
+    assert worker.lines == []  # never announced itself
+    assert "without an auth token" in worker.stderr and "0.0.0.0" in worker.stderr
 
 
 def test_the_server_api_refuses_it_too() -> None:

@@ -29,8 +29,7 @@ def test_prints_one_listening_line_with_the_port_actually_bound() -> None:
         assert port > 0
         assert worker.client().get_status()["worker_index"] == 0
         worker.popen.send_signal(signal.SIGTERM)
-        assert worker.popen.wait(timeout=60) == 0
-        wait_until(lambda: len(worker.lines) >= 1, what="stdout collected")
+        assert worker.finish() == 0
         assert worker.lines == [f"jaxcluster worker listening on 127.0.0.1:{port}"]
 
 
@@ -70,11 +69,10 @@ def test_bad_flags_exit_2_with_a_clear_message(
 ) -> None:
     (tmp_path / "empty").write_text("  \n")
     filled = [a.format(empty=tmp_path / "empty", missing=tmp_path / "missing") for a in args]
-    popen, lines, _ = launch(filled)
-    _, err = popen.communicate(timeout=120)
-    assert popen.returncode == 2, err
-    assert expected in err
-    assert lines == []
+    worker = launch(filled)
+    assert worker.finish() == 2, worker.stderr
+    assert expected in worker.stderr
+    assert worker.lines == []
 
 
 def test_sigterm_lets_the_inflight_closure_finish_then_exits_0(tmp_path: Path) -> None:
@@ -115,7 +113,7 @@ def test_sigterm_lets_the_inflight_closure_finish_then_exits_0(tmp_path: Path) -
         assert "error" not in outcome, outcome.get("error")
         reply = outcome["reply"]
         assert wire.decode(reply["value"], reply["buffers"]) == "finished:ok"
-        assert worker.popen.wait(timeout=60) == 0
+        assert worker.finish() == 0
 
 
 def test_python_dash_m_and_the_cli_module_share_flags() -> None:

@@ -37,7 +37,9 @@ _STOP_GRACE_SECONDS = 15.0
 class _WorkerProcess:
     """One worker subprocess and the thread that reads its output."""
 
-    def __init__(self, index: int, address: str, env: Mapping[str, str], extra: Sequence[str]):
+    def __init__(
+        self, index: int, address: str, env: Mapping[str, str], extra: Sequence[str]
+    ) -> None:
         self.index = index
         command = [
             sys.executable,

@@ -11,9 +11,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from jaxcluster._native import core
 
@@ -21,31 +20,69 @@ LISTENING = re.compile(r"^jaxcluster worker listening on (\S+)$")
 START_TIMEOUT = 120.0
 
 
-@dataclass
 class WorkerProc:
-    """A worker subprocess whose output is collected by a reader thread."""
+    """A worker subprocess; reader threads collect its stdout and stderr lines."""
 
-    popen: subprocess.Popen[str]
-    address: str
-    token: str | None
-    lines: list[str] = field(default_factory=list)
+    def __init__(self, popen: subprocess.Popen[str], token: str | None) -> None:
+        self.popen = popen
+        self.token = token
+        self.address = ""
+        self.lines: list[str] = []
+        self.err_lines: list[str] = []
+        self._stdout_lines: queue.Queue[str | None] = queue.Queue()
+        assert popen.stdout is not None and popen.stderr is not None
+        self._readers = [
+            threading.Thread(target=self._read, args=(popen.stdout, self.lines, True)),
+            threading.Thread(target=self._read, args=(popen.stderr, self.err_lines, False)),
+        ]
+        for reader in self._readers:
+            reader.daemon = True
+            reader.start()
+
+    def _read(self, stream: IO[str], lines: list[str], announce: bool) -> None:
+        for line in stream:
+            lines.append(line.rstrip("\n"))
+            if announce:
+                self._stdout_lines.put(lines[-1])
+        if announce:
+            self._stdout_lines.put(None)
+
+    def wait_listening(self) -> str:
+        """Reads the first stdout line, which must be the listening line."""
+        try:
+            line = self._stdout_lines.get(timeout=START_TIMEOUT)
+        except queue.Empty:
+            line = None
+        match = LISTENING.match(line or "")
+        if match is None:
+            self.finish(kill=True)
+            raise AssertionError(
+                f"expected the listening line, got {line!r}; stderr:\n{self.stderr}"
+            )
+        self.address = match.group(1)
+        return self.address
+
+    def finish(self, timeout: float = 120.0, *, kill: bool = False) -> int:
+        """Waits for the process (killing it first if asked) and for all its output."""
+        if kill and self.popen.poll() is None:
+            self.popen.kill()
+        code = self.popen.wait(timeout=timeout)
+        for reader in self._readers:
+            reader.join(timeout=timeout)
+        return code
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.err_lines)
 
     def client(self, token: str | None = None, **kw: Any) -> Any:
         return core.WorkerClient(self.address, auth_token=token or self.token, **kw)
 
 
-def _reader(popen: subprocess.Popen[str], lines: list[str], first: queue.Queue[str]) -> None:
-    assert popen.stdout is not None
-    for line in popen.stdout:
-        lines.append(line.rstrip("\n"))
-        first.put(line.rstrip("\n"))
-    first.put("")
-
-
 def launch(
     args: Sequence[str] = (), *, token: str | None = "test-token", env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[str], list[str], queue.Queue[str]]:
-    """Starts a worker process; returns it, its collected stdout lines and a line queue."""
+) -> WorkerProc:
+    """Starts a worker process (without waiting for it to be ready)."""
     full_env = {k: v for k, v in os.environ.items() if k != "JAXCLUSTER_AUTH_TOKEN"}
     full_env["PYTHONUNBUFFERED"] = "1"
     if token is not None:
@@ -53,26 +90,13 @@ def launch(
     full_env.update(env or {})
     popen = subprocess.Popen(
         [sys.executable, "-m", "jaxcluster.worker", *args],
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=full_env,
     )
-    lines: list[str] = []
-    first: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_reader, args=(popen, lines, first), daemon=True).start()
-    return popen, lines, first
-
-
-def wait_listening(popen: subprocess.Popen[str], first: queue.Queue[str]) -> str:
-    """The address from the first stdout line (which must be the listening line)."""
-    line = first.get(timeout=START_TIMEOUT)
-    match = LISTENING.match(line)
-    if match is None:
-        popen.kill()
-        _, err = popen.communicate()
-        raise AssertionError(f"expected the listening line, got {line!r}; stderr:\n{err}")
-    return match.group(1)
+    return WorkerProc(popen, token)
 
 
 @contextlib.contextmanager
@@ -80,14 +104,12 @@ def running_worker(
     args: Sequence[str] = (), *, token: str | None = "test-token", env: dict[str, str] | None = None
 ) -> Iterator[WorkerProc]:
     """A ready worker, SIGKILLed and reaped on exit if it is still running."""
-    popen, lines, first = launch(args, token=token, env=env)
+    worker = launch(args, token=token, env=env)
     try:
-        address = wait_listening(popen, first)
-        yield WorkerProc(popen, address, token, lines)
+        worker.wait_listening()
+        yield worker
     finally:
-        if popen.poll() is None:
-            popen.kill()
-        popen.communicate()
+        worker.finish(kill=True)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str = "") -> None:
@@ -101,12 +123,11 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str =
 
 
 def pid_gone(pid: int) -> bool:
-    """Whether no process (not even a zombie we could reap) has ``pid``."""
+    """Whether no live process has ``pid`` (a zombie awaiting its parent counts as gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return True
-    # A zombie still answers kill(0); treat it as gone once its state is Z.
     with contextlib.suppress(OSError):
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         return state == "Z"
