@@ -14,6 +14,7 @@
 mod error;
 mod parse;
 mod spec;
+mod split;
 mod tpu;
 
 #[cfg(test)]

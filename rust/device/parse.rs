@@ -8,6 +8,7 @@
 //! that negative values are rejected.
 
 use super::error::{DeviceSpecError, Field, IndexProblem};
+use super::split::Segments;
 
 /// A parsed device spec whose names borrow from the parsed string.
 ///
@@ -48,17 +49,13 @@ pub fn parse(input: &str) -> Result<DeviceSpecRef<'_>, DeviceSpecError> {
     let mut task: Option<(&str, &str)> = None;
     let mut device_segment: Option<&str> = None;
 
-    for segment in input.split('/') {
-        let mut parts = segment.splitn(4, ':');
-        let attribute = parts.next().unwrap_or("");
+    for parts in Segments::new(input) {
+        let segment = parts.segment;
         // TF skips a segment whose attribute is empty (`//`, but also `:0`).
-        if attribute.is_empty() {
+        if parts.attribute.is_empty() {
             continue;
         }
-        let second = parts.next();
-        let third = parts.next();
-        let too_many = parts.next().is_some();
-        match (attribute, second, third, too_many) {
+        match (parts.attribute, parts.second, parts.third, parts.too_many) {
             ("job", Some(name), None, false) => spec.job = Some(name),
             ("replica", Some(value), None, false) => replica = Some((segment, value)),
             ("task", Some(value), None, false) => task = Some((segment, value)),
@@ -68,19 +65,19 @@ pub fn parse(input: &str) -> Result<DeviceSpecRef<'_>, DeviceSpecError> {
                 spec.device_type = Some(normalize_device_type(kind));
                 spec.device_index = parse_device_index(input, segment, index)?;
             }
-            (_, index, None, false) => {
+            (attribute, second, None, false) => {
                 let Some(kind) = bare_type(attribute) else {
                     return Err(bad_attribute(input, segment, attribute));
                 };
                 check_single_device(input, device_segment, segment)?;
                 device_segment = Some(segment);
                 spec.device_type = Some(kind);
-                spec.device_index = match index {
+                spec.device_index = match second {
                     Some(index) => parse_device_index(input, segment, index)?,
                     None => None,
                 };
             }
-            _ => return Err(bad_attribute(input, segment, attribute)),
+            (attribute, ..) => return Err(bad_attribute(input, segment, attribute)),
         }
     }
 

@@ -2,6 +2,7 @@
 
 use proptest::prelude::*;
 
+use super::split::Segments;
 use super::*;
 
 /// Strings built from the grammar's own pieces, which reach far more branches than
@@ -88,6 +89,23 @@ proptest! {
                 let quoted = format!("{input:?}");
                 prop_assert!(err.to_string().contains(&quoted), "{} lacks {}", err, quoted);
             }
+        }
+    }
+
+    #[test]
+    fn splitter_matches_str_split(input in prop_oneof![tokenish(), any::<String>()]) {
+        let expected: Vec<(String, Vec<&str>)> = input
+            .split('/')
+            .map(|segment| (segment.to_owned(), segment.split(':').collect()))
+            .collect();
+        let seen: Vec<_> = Segments::new(&input).collect();
+        prop_assert_eq!(seen.len(), expected.len());
+        for (parts, (segment, pieces)) in seen.iter().zip(&expected) {
+            prop_assert_eq!(parts.segment, segment.as_str());
+            prop_assert_eq!(parts.attribute, pieces[0]);
+            prop_assert_eq!(parts.second, pieces.get(1).copied());
+            prop_assert_eq!(parts.third, pieces.get(2).copied());
+            prop_assert_eq!(parts.too_many, pieces.len() > 3);
         }
     }
 

@@ -2,10 +2,12 @@
 
 use pyo3::prelude::*;
 
+mod device;
 mod errors;
 
 /// Registers every binding on the `_core` module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    device::register(m)?;
     Ok(())
 }
