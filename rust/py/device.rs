@@ -274,7 +274,33 @@ fn index_arg(value: Option<&Bound<'_, PyAny>>, field: Field) -> PyResult<Option<
 
 /// Groups TPU device names by host: `({host: sorted core ids}, total cores)`.
 #[pyfunction]
-fn tpu_device_map(names: Vec<String>) -> PyResult<(BTreeMap<u64, Vec<u64>>, usize)> {
+fn tpu_device_map(names: &Bound<'_, PyAny>) -> PyResult<(BTreeMap<u64, Vec<u64>>, usize)> {
+    if names.is_instance_of::<PyString>() {
+        return Err(PyTypeError::new_err(format!(
+            "tpu_device_map expects an iterable of device names, got the single str {}; wrap it \
+             in a list",
+            names.repr()?
+        )));
+    }
+    let mut texts: Vec<Bound<'_, PyString>> = Vec::new();
+    for item in names.try_iter()? {
+        let item = item?;
+        match item.cast_into::<PyString>() {
+            Ok(text) => texts.push(text),
+            Err(err) => {
+                let item = err.into_inner();
+                return Err(PyTypeError::new_err(format!(
+                    "tpu_device_map expects device names as str, got {} {}",
+                    item.get_type().name()?,
+                    item.repr()?
+                )));
+            }
+        }
+    }
+    let names = texts
+        .iter()
+        .map(|t| t.to_str())
+        .collect::<PyResult<Vec<&str>>>()?;
     let map = device::tpu_device_map(names).map_err(|e| PyValueError::new_err(e.to_string()))?;
     Ok((map.hosts, map.total_cores))
 }
