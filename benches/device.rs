@@ -3,16 +3,9 @@
 //! Every iteration parses a fixed set of distinct strings mixing the canonical form,
 //! shuffled segments, legacy device forms and uncommon job names, so neither the branch
 //! predictor nor a cache can learn one string.
-//!
-//! Each benchmark runs twice: timed by the wall clock (criterion's default) and by this
-//! thread's CPU time (`*_cpu` groups). On a machine shared with other jobs the wall clock
-//! also counts time spent descheduled; the CPU-time figure is the one to compare with the
-//! target there.
 
 use std::hint::black_box;
-use std::time::Instant;
 
-use criterion::measurement::{Measurement, ValueFormatter, WallTime};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 use _core::device::{parse, tpu_device_map, DeviceSpec};
@@ -36,52 +29,9 @@ fn distinct_names() -> Vec<String> {
         .collect()
 }
 
-/// Nanoseconds this thread has run, from Linux's scheduler statistics; falls back to the
-/// wall clock where `/proc/thread-self/schedstat` does not exist.
-struct ThreadCpuTime {
-    origin: Instant,
-}
-
-impl ThreadCpuTime {
-    fn now_ns(&self) -> u64 {
-        std::fs::read_to_string("/proc/thread-self/schedstat")
-            .ok()
-            .and_then(|stat| stat.split_whitespace().next()?.parse().ok())
-            .unwrap_or_else(|| self.origin.elapsed().as_nanos() as u64)
-    }
-}
-
-static WALL_TIME: WallTime = WallTime;
-
-impl Measurement for ThreadCpuTime {
-    type Intermediate = u64;
-    type Value = u64;
-
-    fn start(&self) -> u64 {
-        self.now_ns()
-    }
-    fn end(&self, start: u64) -> u64 {
-        self.now_ns().saturating_sub(start)
-    }
-    fn add(&self, a: &u64, b: &u64) -> u64 {
-        a + b
-    }
-    fn zero(&self) -> u64 {
-        0
-    }
-    #[allow(clippy::cast_precision_loss)] // exact below 2^53 ns, about 104 days
-    fn to_f64(&self, value: &u64) -> f64 {
-        *value as f64
-    }
-    fn formatter(&self) -> &dyn ValueFormatter {
-        // Values are nanoseconds, as the wall clock's are.
-        WALL_TIME.formatter()
-    }
-}
-
-fn parsing<M: Measurement>(c: &mut Criterion<M>, suffix: &str) {
+fn parsing(c: &mut Criterion) {
     let names = distinct_names();
-    let mut group = c.benchmark_group(format!("device_parse{suffix}"));
+    let mut group = c.benchmark_group("device_parse");
     group.throughput(Throughput::Elements(names.len() as u64));
     group.bench_function("parse (borrowed)", |b| {
         b.iter(|| {
@@ -111,7 +61,7 @@ fn parsing<M: Measurement>(c: &mut Criterion<M>, suffix: &str) {
     group.finish();
 }
 
-fn tpu_map<M: Measurement>(c: &mut Criterion<M>, suffix: &str) {
+fn tpu_map(c: &mut Criterion) {
     // A v4-256-like slice: 32 hosts of 4 cores plus one CPU device each.
     let names: Vec<String> = (0..32)
         .flat_map(|host| {
@@ -122,7 +72,7 @@ fn tpu_map<M: Measurement>(c: &mut Criterion<M>, suffix: &str) {
                 )))
         })
         .collect();
-    let mut group = c.benchmark_group(format!("tpu_device_map{suffix}"));
+    let mut group = c.benchmark_group("tpu_device_map");
     group.throughput(Throughput::Elements(names.len() as u64));
     group.bench_function("160 names", |b| {
         b.iter(|| black_box(tpu_device_map(black_box(&names)).unwrap()));
@@ -130,20 +80,5 @@ fn tpu_map<M: Measurement>(c: &mut Criterion<M>, suffix: &str) {
     group.finish();
 }
 
-fn wall(c: &mut Criterion) {
-    parsing(c, "");
-    tpu_map(c, "");
-}
-
-fn cpu(c: &mut Criterion<ThreadCpuTime>) {
-    parsing(c, "_cpu");
-    tpu_map(c, "_cpu");
-}
-
-criterion_group!(wall_clock, wall);
-criterion_group! {
-    name = cpu_time;
-    config = Criterion::default().with_measurement(ThreadCpuTime { origin: Instant::now() });
-    targets = cpu
-}
-criterion_main!(wall_clock, cpu_time);
+criterion_group!(benches, parsing, tpu_map);
+criterion_main!(benches);
