@@ -11,6 +11,7 @@
 //! assert_eq!(spec.to_string(), "/job:worker/replica:0/task:1/device:GPU:*");
 //! ```
 
+mod canonical;
 mod error;
 mod parse;
 mod spec;

@@ -7,6 +7,7 @@
 //! Python's `int()` on strings (surrounding whitespace, a sign, `_` between digits) except
 //! that negative values are rejected.
 
+use super::canonical::parse_canonical;
 use super::error::{DeviceSpecError, Field, IndexProblem};
 use super::split::Segments;
 
@@ -43,6 +44,14 @@ const KEYWORDS: [&str; 9] = [
 /// The leading `/` is optional and the empty string is the empty spec. Errors name the bad
 /// segment and the whole input.
 pub fn parse(input: &str) -> Result<DeviceSpecRef<'_>, DeviceSpecError> {
+    match parse_canonical(input) {
+        Some(spec) => Ok(spec),
+        None => parse_general(input),
+    }
+}
+
+/// The full grammar, segment by segment.
+pub(super) fn parse_general(input: &str) -> Result<DeviceSpecRef<'_>, DeviceSpecError> {
     let mut spec = DeviceSpecRef::default();
     // TF converts replica and task only after the loop, so only the last one must be valid.
     let mut replica: Option<(&str, &str)> = None;

@@ -2,6 +2,8 @@
 
 use proptest::prelude::*;
 
+use super::canonical::parse_canonical;
+use super::parse::parse_general;
 use super::split::Segments;
 use super::*;
 
@@ -110,8 +112,19 @@ proptest! {
     }
 
     #[test]
+    fn canonical_fast_path_agrees_with_the_grammar(
+        input in prop_oneof![tokenish(), valid_spec().prop_map(|s| s.to_string()), any::<String>()]
+    ) {
+        if let Some(fast) = parse_canonical(&input) {
+            prop_assert_eq!(parse_general(&input), Ok(fast));
+        }
+    }
+
+    #[test]
     fn valid_specs_round_trip(spec in valid_spec()) {
         let printed = spec.to_string();
+        // Every printed spec takes the fast path.
+        prop_assert!(parse_canonical(&printed).is_some());
         prop_assert_eq!(DeviceSpec::parse(&printed), Ok(spec));
     }
 
