@@ -51,10 +51,10 @@ fn parsing(c: &mut Criterion) {
         .iter()
         .map(|n| DeviceSpec::parse(n).unwrap())
         .collect();
-    group.bench_function("DeviceSpec::to_string", |b| {
+    group.bench_function("DeviceSpec::render", |b| {
         b.iter(|| {
             for spec in &specs {
-                black_box(spec.to_string());
+                black_box(spec.render());
             }
         });
     });

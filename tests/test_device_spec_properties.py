@@ -97,7 +97,10 @@ def test_arbitrary_text_parses_or_raises_value_error(text: str) -> None:
     assert DeviceSpec.from_string(spec.to_string()) == spec
 
 
-names = st.text(alphabet=st.characters(exclude_characters="/:"), max_size=12)
+# Lone surrogates are rejected (they cannot cross into Rust as text); see test_device_spec.
+names = st.text(
+    alphabet=st.characters(exclude_characters="/:", exclude_categories=["Cs"]), max_size=12
+)
 indices = st.none() | st.integers(min_value=0, max_value=2**64 - 1)
 device_types = (st.sampled_from(["CPU", "GPU", "TPU", "TPU_SYSTEM"]) | names).filter(
     lambda kind: kind not in ("cpu", "gpu")

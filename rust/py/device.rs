@@ -208,21 +208,33 @@ fn parse_arg(spec: Option<&Bound<'_, PyAny>>) -> PyResult<DeviceSpec> {
 /// `job` becomes `str` as in TF (`str(value)` for non-strings).
 fn name_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Name>> {
     value
-        .map(|value| Ok(intern(as_py_str(value)?.to_str()?)))
+        .map(|value| Ok(intern(text_arg(value, "job")?.to_str()?)))
         .transpose()
 }
 
 /// `device_type` becomes `str` too, with `cpu`/`gpu` upper-cased.
 fn device_type_arg(value: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Name>> {
     value
-        .map(|value| Ok(intern(normalize_device_type(as_py_str(value)?.to_str()?))))
+        .map(|value| {
+            let text = text_arg(value, "device_type")?;
+            Ok(intern(normalize_device_type(text.to_str()?)))
+        })
         .transpose()
 }
 
-fn as_py_str<'py>(value: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyString>> {
-    match value.cast::<PyString>() {
-        Ok(text) => Ok(text.clone()),
-        Err(_) => value.str(),
+/// `value` as a `str` that is valid UTF-8 (no lone surrogates).
+fn text_arg<'py>(value: &Bound<'py, PyAny>, field: &str) -> PyResult<Bound<'py, PyString>> {
+    let text = match value.cast::<PyString>() {
+        Ok(text) => text.clone(),
+        Err(_) => value.str()?,
+    };
+    match text.to_str() {
+        Ok(_) => Ok(text),
+        Err(_) => Err(PyValueError::new_err(format!(
+            "DeviceSpec {field} {} contains a lone surrogate, so it is not valid Unicode text; \
+             expected a name such as 'worker'",
+            text.repr()?
+        ))),
     }
 }
 
