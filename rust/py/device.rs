@@ -57,14 +57,15 @@ impl PyDeviceSpec {
         }))
     }
 
-    /// Parses a TF device string; declared a staticmethod because the class is final, which
-    /// saves binding a method object on every call.
+    /// Parses a TF device string such as `/job:worker/task:0/device:GPU:0`.
+    // A staticmethod, not TF's classmethod: the class cannot be subclassed, and this saves
+    // binding a method object on every call.
     #[staticmethod]
     fn from_string(spec: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         parse_arg(spec).map(Self::wrap)
     }
 
-    /// TF 2.x made this return a new spec instead of updating `self`, which it ignores.
+    /// Returns a new spec parsed from `spec`; `self` is unchanged (TF 2.x semantics).
     #[allow(clippy::unused_self)]
     fn parse_from_string(&self, spec: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
         parse_arg(spec).map(Self::wrap)
