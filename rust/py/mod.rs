@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 
 mod client;
+mod device;
 mod errors;
 mod worker;
 
@@ -12,5 +13,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorkerServer>()?;
     m.add_class::<worker::PyWorkerJob>()?;
     m.add_class::<client::PyWorkerClient>()?;
+    device::register(m)?;
     Ok(())
 }
