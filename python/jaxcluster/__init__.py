@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from jaxcluster._native import __version__ as __version__
 from jaxcluster.cluster_spec import ClusterSpec as ClusterSpec
+from jaxcluster.device_spec import DeviceSpec as DeviceSpec
 
 # public name -> submodule that defines it, imported on first access
 _LAZY: dict[str, str] = {
-    "DeviceSpec": "jaxcluster.device_spec",
     "LocalCluster": "jaxcluster.local_cluster",
     "initialize": "jaxcluster.distributed",
 }
@@ -44,6 +44,5 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from jaxcluster.device_spec import DeviceSpec
     from jaxcluster.distributed import initialize
     from jaxcluster.local_cluster import LocalCluster
