@@ -21,9 +21,6 @@ use crate::queue::{Cancel, ClosureQueue, QueueError, Tag, TryGetError, WaitPolic
 /// How often a blocked call takes the GIL to check for signals (Ctrl-C latency bound).
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
-/// TF's default `_CLOSURE_QUEUE_MAX_SIZE`.
-const DEFAULT_MAX_SIZE: i64 = 256 * 1024;
-
 /// A queued Python closure; cancelling it calls its `mark_cancelled()`.
 struct PyClosure(Py<PyAny>);
 
@@ -45,19 +42,22 @@ type Core = ClosureQueue<PyClosure, Py<PyBaseException>>;
 /// The Python-facing queue; documented in `_core.pyi`.
 #[pyclass(frozen, module = "jaxcluster._core", name = "ClosureQueue")]
 pub struct PyClosureQueue {
-    core: Core,
+    /// Boxed: the core keeps hot counters on their own 128-byte-aligned cache line, and
+    /// Python allocates objects with only 16-byte alignment.
+    core: Box<Core>,
     max_size: i64,
 }
 
 #[pymethods]
 impl PyClosureQueue {
     #[new]
-    #[pyo3(signature = (max_size = DEFAULT_MAX_SIZE))]
+    // TF's default _CLOSURE_QUEUE_MAX_SIZE; a literal so the text signature shows it.
+    #[pyo3(signature = (max_size = 262_144))]
     fn new(max_size: i64) -> Self {
         // <= 0 means unbounded, as for TF's queue.Queue(maxsize).
         let bound = usize::try_from(max_size).unwrap_or(0);
         Self {
-            core: ClosureQueue::new(bound),
+            core: Box::new(ClosureQueue::new(bound)),
             max_size,
         }
     }
@@ -221,9 +221,15 @@ fn deadline_after(timeout: Option<f64>, operation: &str) -> PyResult<Option<Inst
         return Ok(None);
     };
     if seconds.is_nan() || seconds < 0.0 {
+        // Spelled as Python prints it ("nan", not Rust's "NaN").
+        let seen = if seconds.is_nan() {
+            "nan".to_owned()
+        } else {
+            seconds.to_string()
+        };
         return Err(PyValueError::new_err(format!(
             "ClosureQueue.{operation}(): timeout must be None or a non-negative number of \
-             seconds, got {seconds}"
+             seconds, got {seen}"
         )));
     }
     Ok(Duration::try_from_secs_f64(seconds)
@@ -232,8 +238,8 @@ fn deadline_after(timeout: Option<f64>, operation: &str) -> PyResult<Option<Inst
 }
 
 /// Checks that `closure` can be cancelled, so a bad item fails at `put` rather than as an
-/// unraisable error much later. Looks on the type first: that lookup is cached by CPython
-/// and allocates nothing.
+/// unraisable error much later. Looks on the type first: that lookup is cached by the
+/// interpreter and allocates nothing.
 fn require_cancellable(closure: &Bound<'_, PyAny>, operation: &str) -> PyResult<()> {
     let name = intern!(closure.py(), "mark_cancelled");
     if closure.get_type().hasattr(name)? || closure.hasattr(name)? {

@@ -3,10 +3,12 @@
 //! The operations live next door by concept: `produce.rs` (put), `consume.rs` (get and the
 //! worker's verdicts), `join.rs` (wait, done and raising the pending error).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
-use super::state::{sleepers_mut, Signal, Signals, State};
+use super::error::QueueError;
+use super::state::{sleepers_mut, Padded, Signal, Signals, State};
 use super::wait::{Cut, WaitPolicy};
 use super::{Cancel, Tag};
 
@@ -43,6 +45,8 @@ use super::{Cancel, Tag};
 /// ```
 pub struct ClosureQueue<T, E> {
     pub(super) state: Mutex<State<T, E>>,
+    /// The counters `mark_finished` needs, outside the lock (see [`Counters`]).
+    pub(super) counters: Padded<Counters>,
     pub(super) signals: Signals,
     pub(super) max_size: usize,
 }
@@ -52,6 +56,7 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
     pub fn new(max_size: usize) -> Self {
         Self {
             state: Mutex::new(State::new()),
+            counters: Padded(Counters::default()),
             signals: Signals::default(),
             max_size,
         }
@@ -82,7 +87,7 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
 
     /// Untagged closures handed out by `get` and not yet finished, failed or put back.
     pub fn inflight(&self) -> usize {
-        self.lock().inflight
+        self.counters.0.inflight.load(Ordering::SeqCst)
     }
 
     /// Whether [`stop`](Self::stop) was called.
@@ -114,6 +119,29 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
         cancel_all(drained);
     }
 
+    /// Whether a thread sleeping on [`Signal::Idle`] could proceed now that inflight is
+    /// zero: a `wait` needs the queue empty too, a caller raising the error only needs
+    /// inflight at zero (and the error is pending while it waits). Keeps a `wait` from
+    /// being woken each time a consumer briefly catches up with a busy queue.
+    pub(super) fn idle_wake_useful(state: &State<T, E>) -> bool {
+        (state.queue.is_empty() && state.blocked_putters == 0) || state.error.is_some()
+    }
+
+    /// Nothing queued, inflight, or about to be queued by a blocked put.
+    pub(super) fn is_idle(&self, state: &State<T, E>) -> bool {
+        state.queue.is_empty() && self.inflight() == 0 && state.blocked_putters == 0
+    }
+
+    /// Takes one closure out of inflight, or reports the misuse; returns how many remain.
+    pub(super) fn leave_inflight(&self, operation: &'static str) -> Result<usize, QueueError<E>> {
+        self.counters
+            .0
+            .inflight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .map(|before| before - 1)
+            .map_err(|_| QueueError::NotInflight { operation })
+    }
+
     /// Locks the state. A panic while the lock was held cannot leave the state torn (every
     /// critical section only moves items and adjusts counters), so poisoning is ignored.
     pub(super) fn lock(&self) -> MutexGuard<'_, State<T, E>> {
@@ -121,7 +149,8 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
     }
 
     /// Sleeps once on `signal` (the caller re-checks its condition afterwards), honouring
-    /// the policy's deadline and interrupt check. The interrupt check runs with the lock
+    /// the policy's deadline and interrupt check; the first few calls of a blocking
+    /// operation yield the CPU instead of sleeping (see [`YIELDS`](super::wait::YIELDS)). The interrupt check runs with the lock
     /// released. Returns the re-acquired guard, and why waiting must end if it must.
     pub(super) fn block<'q>(
         &'q self,
@@ -133,7 +162,26 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
         if let Some(cut) = policy.expired(now) {
             return (state, Some(cut));
         }
+        // Only the producer/consumer hand-off is hot enough to be worth yielding for; waits
+        // for idleness or for the gate are long by nature.
+        if matches!(signal, Signal::NotEmpty | Signal::NotFull) && policy.take_yield() {
+            drop(state);
+            std::thread::yield_now();
+            return (self.lock(), None);
+        }
         let slice = policy.slice(now);
+        if signal == Signal::Idle {
+            // Announce the sleeper before re-reading inflight, the mirror image of
+            // mark_finished (decrement, then read the sleeper count): with both in one
+            // SeqCst order, either it sees this sleeper and takes the lock to notify, or
+            // this thread sees inflight already at zero and does not sleep.
+            let before = self.inflight();
+            self.counters.0.idle_sleepers.fetch_add(1, Ordering::SeqCst);
+            if before > 0 && self.inflight() == 0 {
+                self.counters.0.idle_sleepers.fetch_sub(1, Ordering::SeqCst);
+                return (state, None);
+            }
+        }
         *sleepers_mut(&mut state.sleepers, signal) += 1;
         let condvar = self.signals.condvar(signal);
         state = match slice {
@@ -146,12 +194,24 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
             }
         };
         *sleepers_mut(&mut state.sleepers, signal) -= 1;
+        if signal == Signal::Idle {
+            self.counters.0.idle_sleepers.fetch_sub(1, Ordering::SeqCst);
+        }
         if policy.check_due(Instant::now()) {
             drop(state);
             let cut = policy.run_check();
             return (self.lock(), cut);
         }
         (state, None)
+    }
+
+    /// Wakes one sleeper of `signal` after the lock was released (the caller saw sleepers
+    /// under the lock). Notifying outside the lock spares the woken thread from immediately
+    /// blocking on the lock its waker still holds.
+    pub(super) fn wake_one(&self, signal: Option<Signal>) {
+        if let Some(signal) = signal {
+            self.signals.condvar(signal).notify_one();
+        }
     }
 
     /// A caller leaving a `notify_one` condvar without taking what it was woken for passes
@@ -161,13 +221,29 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
     }
 }
 
+/// The two counters touched without the queue's lock.
+///
+/// `inflight` is an atomic so that `mark_finished`, the most frequent call after put and
+/// get, need not take the lock: it decrements, and takes the lock to notify only when it
+/// brought the count to zero *and* `idle_sleepers` says someone waits for that (`wait`,
+/// or a caller raising the pending error). Increments happen under the lock with the pop.
+/// Measured: a third lock acquisition per closure cost 5x in throughput with a producer and
+/// a consumer on two cores (the lock becomes contended enough to sleep in the kernel).
+#[derive(Debug, Default)]
+pub(super) struct Counters {
+    /// Untagged closures handed out by `get` and not yet finished, failed or put back.
+    pub inflight: AtomicUsize,
+    /// Threads asleep (or about to sleep) on the idle condition variable.
+    pub idle_sleepers: AtomicUsize,
+}
+
 impl<T, E> std::fmt::Debug for ClosureQueue<T, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         f.debug_struct("ClosureQueue")
             .field("max_size", &self.max_size)
             .field("queued", &state.queue.len())
-            .field("inflight", &state.inflight)
+            .field("inflight", &self.counters.0.inflight.load(Ordering::SeqCst))
             .field("error_pending", &state.error.is_some())
             .field("stopped", &state.stopped)
             .finish_non_exhaustive()

@@ -2,12 +2,13 @@
 //! (`mark_finished`, `mark_failed`, `put_back`).
 
 use std::collections::VecDeque;
-use std::sync::{Arc, MutexGuard};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::closure_queue::ClosureQueue;
 use super::error::{QueueError, TryGetError};
-use super::state::{Signal, State};
+use super::state::{Signal, Signals, State};
 use super::wait::{Cut, WaitPolicy};
 use super::{Cancel, Tag};
 
@@ -19,7 +20,10 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
         if state.stopped {
             return Err(TryGetError::Stopped);
         }
-        self.take(&mut state, tag).ok_or(TryGetError::Empty)
+        let (item, wake) = self.take(&mut state, tag);
+        drop(state);
+        self.wake_one(wake);
+        item.ok_or(TryGetError::Empty)
     }
 
     /// Takes the next closure, waiting up to `timeout` (`None`: as long as it takes) for one.
@@ -44,38 +48,40 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
         policy: &mut WaitPolicy<'_>,
     ) -> Result<Option<T>, QueueError<E>> {
         let mut state = self.lock();
+        let mut cut = None;
         loop {
             if state.stopped {
                 return Ok(None);
             }
-            if let Some(item) = self.take(&mut state, tag) {
-                return Ok(Some(item));
+            let (item, wake) = self.take(&mut state, tag);
+            if item.is_some() {
+                drop(state);
+                self.wake_one(wake);
+                return Ok(item);
             }
-            let (guard, cut) = self.block(state, Signal::NotEmpty, policy);
-            state = guard;
             if let Some(cut) = cut {
-                if state.stopped {
-                    return Ok(None);
-                }
-                if let Some(item) = self.take(&mut state, tag) {
-                    return Ok(Some(item));
-                }
-                // Nothing to take now, but a put may have woken this getter just before it
-                // gave up; let another getter have that wake-up.
+                // Nothing to take, but a put may have woken this getter just before it gave
+                // up; let another getter have that wake-up.
                 self.pass_wakeup(&state, Signal::NotEmpty);
                 return match cut {
                     Cut::TimedOut => Ok(None),
                     Cut::Interrupted => Err(QueueError::Interrupted),
                 };
             }
+            (state, cut) = self.block(state, Signal::NotEmpty, policy);
         }
     }
 
-    /// Records that the inflight closure finished successfully.
+    /// Records that the inflight closure finished successfully. Lock-free unless this was
+    /// the last inflight closure and someone waits for that.
     pub fn mark_finished(&self) -> Result<(), QueueError<E>> {
-        let mut state = self.lock();
-        Self::leave_inflight(&mut state, "mark_finished")?;
-        self.after_inflight_left(&state);
+        let remaining = self.leave_inflight("mark_finished")?;
+        if remaining == 0 && self.counters.0.idle_sleepers.load(Ordering::SeqCst) > 0 {
+            let state = self.lock();
+            if Self::idle_wake_useful(&state) {
+                self.signals.notify_all(&state, Signal::Idle);
+            }
+        }
         Ok(())
     }
 
@@ -84,14 +90,13 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
     /// `done`; a `wait` in progress returns it at once.
     pub fn mark_failed(&self, error: E) -> Result<(), QueueError<E>> {
         let mut state = self.lock();
-        Self::leave_inflight(&mut state, "mark_failed")?;
+        self.leave_inflight("mark_failed")?;
         let later_error = if state.error.is_none() {
             state.error = Some(Arc::new(error));
             None
         } else {
             Some(error)
         };
-        self.after_inflight_left(&state);
         // Waiters raise it now; puts blocked on a full queue stop waiting for a slot.
         self.signals.notify_all(&state, Signal::Idle);
         self.signals.notify_all(&state, Signal::NotFull);
@@ -108,19 +113,27 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
     /// back can never deadlock against producers waiting for the slot it would need.
     pub fn put_back(&self, item: T) -> Result<(), QueueError<E>> {
         let mut state = self.lock();
-        if let Err(err) = Self::leave_inflight(&mut state, "put_back") {
+        if self.inflight() == 0 {
             drop(state);
             drop(item);
-            return Err(err);
+            return Err(QueueError::NotInflight {
+                operation: "put_back",
+            });
         }
         let cancel = if state.error.is_some() || state.stopped {
             Some(item)
         } else {
+            // Queued before inflight drops, so nobody sees "nothing queued, nothing inflight"
+            // in between.
             state.queue.push_back(item);
             self.signals.notify_one(&state, Signal::NotEmpty);
             None
         };
-        self.after_inflight_left(&state);
+        // Cannot fail: inflight was positive under the lock, and only this lock-free path
+        // (mark_finished) decrements it concurrently, each for a closure of its own.
+        if self.leave_inflight("put_back").unwrap_or(1) == 0 && Self::idle_wake_useful(&state) {
+            self.signals.notify_all(&state, Signal::Idle);
+        }
         drop(state);
         if let Some(item) = cancel {
             item.cancel();
@@ -128,37 +141,20 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
         Ok(())
     }
 
-    /// Pops from `tag`'s sub-queue, else from the global queue (counting it inflight and
-    /// handing its slot to a blocked putter).
-    fn take(&self, state: &mut MutexGuard<'_, State<T, E>>, tag: Option<Tag>) -> Option<T> {
+    /// Pops from `tag`'s sub-queue, else from the global queue (counting it inflight).
+    /// Also returns the putter to wake once the lock is released, if a slot freed up.
+    fn take(&self, state: &mut State<T, E>, tag: Option<Tag>) -> (Option<T>, Option<Signal>) {
         if let Some(tag) = tag {
             if let Some(item) = state.tagged.get_mut(&tag).and_then(VecDeque::pop_front) {
-                return Some(item);
+                return (Some(item), None);
             }
         }
-        let item = state.queue.pop_front()?;
-        state.inflight += 1;
-        if !state.is_full(self.max_size) {
-            self.signals.notify_one(state, Signal::NotFull);
-        }
-        Some(item)
-    }
-
-    fn leave_inflight(
-        state: &mut State<T, E>,
-        operation: &'static str,
-    ) -> Result<(), QueueError<E>> {
-        if state.inflight == 0 {
-            return Err(QueueError::NotInflight { operation });
-        }
-        state.inflight -= 1;
-        Ok(())
-    }
-
-    /// Wakes `wait`/raisers when the last inflight closure left.
-    fn after_inflight_left(&self, state: &State<T, E>) {
-        if state.inflight == 0 {
-            self.signals.notify_all(state, Signal::Idle);
-        }
+        let Some(item) = state.queue.pop_front() else {
+            return (None, None);
+        };
+        self.counters.0.inflight.fetch_add(1, Ordering::SeqCst);
+        let wake = (Signals::has_sleepers(state, Signal::NotFull) && !state.is_full(self.max_size))
+            .then_some(Signal::NotFull);
+        (Some(item), wake)
     }
 }

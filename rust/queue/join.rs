@@ -34,13 +34,13 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
                     err => Err(err),
                 };
             }
-            if state.is_idle() {
+            if self.is_idle(&state) {
                 break Ok(true);
             }
             let (guard, cut) = self.block(state, Signal::Idle, policy);
             state = guard;
             match cut {
-                Some(_) if state.error.is_none() && state.is_idle() => break Ok(true),
+                Some(_) if state.error.is_none() && self.is_idle(&state) => break Ok(true),
                 Some(Cut::TimedOut) if state.error.is_none() => break Ok(false),
                 Some(Cut::Interrupted) => break Err(QueueError::Interrupted),
                 _ => {}
@@ -65,7 +65,7 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
     pub fn done_with(&self, policy: &mut WaitPolicy<'_>) -> Result<bool, QueueError<E>> {
         let state = self.lock();
         let Some(error) = state.error.clone() else {
-            return Ok(state.queue.is_empty() && state.inflight == 0);
+            return Ok(state.queue.is_empty() && self.inflight() == 0);
         };
         let (state, err) = self.raise_pending(state, error, policy);
         drop(state);
@@ -91,11 +91,11 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
         drop(state);
         cancel_all(drained);
         state = self.lock();
-        while state.inflight > 0 && state.epoch == epoch {
+        while self.inflight() > 0 && state.epoch == epoch {
             let (guard, cut) = self.block(state, Signal::Idle, policy);
             state = guard;
             if let Some(cut) = cut {
-                if state.inflight > 0 && state.epoch == epoch {
+                if self.inflight() > 0 && state.epoch == epoch {
                     return (state, cut.into());
                 }
             }

@@ -2,7 +2,7 @@
 
 use super::closure_queue::ClosureQueue;
 use super::error::{QueueError, TryPutError};
-use super::state::Signal;
+use super::state::{Signal, Signals};
 use super::wait::{Cut, WaitPolicy};
 use super::{Cancel, Tag};
 
@@ -30,7 +30,9 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
             return Err(TryPutError::Full(item));
         }
         state.queue.push_back(item);
-        self.signals.notify_one(&state, Signal::NotEmpty);
+        let wake = Signals::has_sleepers(&state, Signal::NotEmpty).then_some(Signal::NotEmpty);
+        drop(state);
+        self.wake_one(wake);
         Ok(())
     }
 
@@ -90,7 +92,7 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
             if cut.is_some() || state.stopped {
                 // Leaving without queuing: a `wait` may be waiting on this put alone, and a
                 // slot this put was woken for belongs to the next blocked putter.
-                if state.is_idle() {
+                if self.is_idle(&state) {
                     self.signals.notify_all(&state, Signal::Idle);
                 }
                 if !state.is_full(self.max_size) {

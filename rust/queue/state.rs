@@ -18,8 +18,6 @@ pub(super) struct State<T, E> {
     pub queue: VecDeque<T>,
     /// Per-worker FIFOs of tagged closures; never counted as inflight, never waited for.
     pub tagged: HashMap<Tag, VecDeque<T>>,
-    /// Untagged closures handed out by `get` and not yet finished, failed or put back.
-    pub inflight: usize,
     /// The first error since the last one was raised.
     pub error: Option<Arc<E>>,
     /// Bumped each time a pending error is cleared.
@@ -51,7 +49,6 @@ impl<T, E> State<T, E> {
         Self {
             queue: VecDeque::new(),
             tagged: HashMap::new(),
-            inflight: 0,
             error: None,
             epoch: 0,
             stopped: false,
@@ -61,17 +58,18 @@ impl<T, E> State<T, E> {
         }
     }
 
-    /// Nothing queued, inflight, or about to be queued by a blocked put.
-    pub fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.inflight == 0 && self.blocked_putters == 0
-    }
-
     /// Whether the global queue holds `max_size` closures or more (`max_size == 0`:
     /// unbounded). `put_back` may overshoot the bound; see its documentation.
     pub fn is_full(&self, max_size: usize) -> bool {
         max_size != 0 && self.queue.len() >= max_size
     }
 }
+
+/// Keeps a hot atomic on its own cache line (128 bytes: adjacent-line prefetch pairs
+/// lines on x86).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(super) struct Padded<T>(pub T);
 
 /// Which condition variable a blocked thread sleeps on; selects both the condvar and its
 /// sleeper count.
@@ -104,6 +102,11 @@ impl Signals {
             Signal::GateOpen => &self.gate_open,
             Signal::Idle => &self.idle,
         }
+    }
+
+    /// Whether `signal` has sleepers; read under the lock, to notify after releasing it.
+    pub fn has_sleepers<T, E>(state: &State<T, E>, signal: Signal) -> bool {
+        *sleepers(&state.sleepers, signal) > 0
     }
 
     /// Wakes one sleeper of `signal`, if any sleeps. Call with the lock held.

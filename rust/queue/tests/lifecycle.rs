@@ -1,4 +1,4 @@
-//! put_back, the bound, wait and its gate, stop, tagged sub-queues, interruption, and
+//! `put_back`, the bound, wait and its gate, stop, tagged sub-queues, interruption, and
 //! cancellation running without the lock.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
