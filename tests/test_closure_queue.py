@@ -303,6 +303,24 @@ def test_bad_arguments_are_rejected_with_what_was_seen() -> None:
     assert len(q) == 0
 
 
+def test_closure_types_are_checked_each_time_they_change() -> None:
+    q = ClosureQueue(0)
+    q.put(Closure("a"))  # a valid class, remembered
+
+    class Plain:
+        pass
+
+    with pytest.raises(TypeError, match="of type Plain"):
+        q.put(Plain())
+    on_instance = Plain()
+    on_instance.mark_cancelled = lambda: None  # type: ignore[attr-defined]
+    q.put(on_instance)  # a method set on the instance counts too
+    q.put(Closure("b"))
+    with pytest.raises(TypeError, match="of type Plain"):
+        q.put_back(Plain())
+    assert len(q) == 3
+
+
 def test_max_size_zero_or_negative_means_unbounded() -> None:
     for size in (0, -1):
         q = ClosureQueue(size)

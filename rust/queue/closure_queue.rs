@@ -149,8 +149,7 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
     }
 
     /// Sleeps once on `signal` (the caller re-checks its condition afterwards), honouring
-    /// the policy's deadline and interrupt check; the first few calls of a blocking
-    /// operation yield the CPU instead of sleeping (see [`YIELDS`](super::wait::YIELDS)). The interrupt check runs with the lock
+    /// the policy's deadline and interrupt check. The interrupt check runs with the lock
     /// released. Returns the re-acquired guard, and why waiting must end if it must.
     pub(super) fn block<'q>(
         &'q self,
@@ -161,13 +160,6 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
         let now = Instant::now();
         if let Some(cut) = policy.expired(now) {
             return (state, Some(cut));
-        }
-        // Only the producer/consumer hand-off is hot enough to be worth yielding for; waits
-        // for idleness or for the gate are long by nature.
-        if matches!(signal, Signal::NotEmpty | Signal::NotFull) && policy.take_yield() {
-            drop(state);
-            std::thread::yield_now();
-            return (self.lock(), None);
         }
         let slice = policy.slice(now);
         if signal == Signal::Idle {

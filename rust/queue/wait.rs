@@ -28,17 +28,7 @@ use std::time::{Duration, Instant};
 pub struct WaitPolicy<'a> {
     deadline: Option<Instant>,
     interrupt: Option<Interrupt<'a>>,
-    /// Rounds of yielding the CPU left before the first real sleep (see [`YIELDS`]).
-    yields_left: u32,
 }
-
-/// How many times a blocked call yields the CPU (re-checking its condition each time)
-/// before sleeping on a condition variable. A sleep costs a futex wait for this thread and,
-/// worse, a futex wake on the hot path of whoever unblocks it; when producers and consumers
-/// share few cores the condition usually holds again within a few yields. Measured with
-/// 4 producers and 4 consumers on 2 cores: several times the throughput of sleeping at
-/// once (see `benches/queue.rs`).
-pub(super) const YIELDS: u32 = 4;
 
 struct Interrupt<'a> {
     every: Duration,
@@ -66,7 +56,6 @@ impl<'a> WaitPolicy<'a> {
         Self {
             deadline,
             interrupt: None,
-            yields_left: YIELDS,
         }
     }
 
@@ -91,13 +80,6 @@ impl<'a> WaitPolicy<'a> {
     /// The deadline, if any.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
-    }
-
-    /// Whether to yield once more instead of sleeping; counts the yield.
-    pub(super) fn take_yield(&mut self) -> bool {
-        let yield_now = self.yields_left > 0;
-        self.yields_left = self.yields_left.saturating_sub(1);
-        yield_now
     }
 
     /// `Some(TimedOut)` when the deadline has passed at `now`.
