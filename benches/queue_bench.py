@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,7 @@ def main() -> None:
     ]
     print(f"{'workload':<38} {'unit':<9} {'rust':>12} {'reference':>12} {'ratio':>7} {'target':>7}")
     for name, unit, target, run in workloads:
-        rates = {
-            label: best_of(args.repeat, lambda make=make, run=run: run(make))
-            for label, make in queues.items()
-        }
+        rates = {label: best_of(args.repeat, partial(run, make)) for label, make in queues.items()}
         rust, ref = rates["rust ClosureQueue"], rates["python reference"]
         ratio = rust / ref
         verdict = "ok" if ratio >= target else "MISSED"

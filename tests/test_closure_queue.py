@@ -288,9 +288,9 @@ def test_settling_with_nothing_inflight_is_an_assertion_error(method: str) -> No
 def test_bad_arguments_are_rejected_with_what_was_seen() -> None:
     q = ClosureQueue(4)
     with pytest.raises(TypeError, match=r"mark_cancelled\(\).*got 42 of type int"):
-        q.put(42)
+        q.put(42)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        q.put(Closure("y"), tag="worker-1")
+        q.put(Closure("y"), tag="worker-1")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"timeout.*got -1"):
         q.get(timeout=-1)
     with pytest.raises(ValueError, match=r"timeout.*got nan"):
@@ -298,7 +298,7 @@ def test_bad_arguments_are_rejected_with_what_was_seen() -> None:
     q.put(Closure("x"))
     q.get()
     with pytest.raises(TypeError, match=r"got 'boom' of type str"):
-        q.mark_failed("boom")
+        q.mark_failed("boom")  # type: ignore[arg-type]
     assert q.inflight == 1, "the rejected mark_failed left the closure inflight"
     assert len(q) == 0
 
@@ -311,13 +311,13 @@ def test_closure_types_are_checked_each_time_they_change() -> None:
         pass
 
     with pytest.raises(TypeError, match="of type Plain"):
-        q.put(Plain())
+        q.put(Plain())  # type: ignore[arg-type]
     on_instance = Plain()
     on_instance.mark_cancelled = lambda: None  # type: ignore[attr-defined]
-    q.put(on_instance)  # a method set on the instance counts too
+    q.put(on_instance)  # type: ignore[arg-type]  # a method set on the instance counts too
     q.put(Closure("b"))
     with pytest.raises(TypeError, match="of type Plain"):
-        q.put_back(Plain())
+        q.put_back(Plain())  # type: ignore[arg-type]
     assert len(q) == 3
 
 

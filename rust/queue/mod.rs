@@ -20,22 +20,36 @@
 //!
 //! # Design: one mutex, four condition variables
 //!
-//! All state (the queues, the inflight count, the pending error, the wait gate) sits
-//! behind one [`std::sync::Mutex`], with condition variables for "not empty", "not full",
-//! "gate open" and "idle". Most operations touch several of these facts at once (a put reads
-//! the gate, the bound and the error and may drain the queue; a `mark_failed` changes the
+//! The state (the queues, the pending error, the wait gate, sleeper counts) sits behind
+//! one [`std::sync::Mutex`], with condition variables for "not empty", "not full", "gate
+//! open" and "idle". Most operations touch several of these facts at once (a put reads the
+//! gate, the bound and the error and may drain the queue; a `mark_failed` changes the
 //! inflight count and the error and must wake waiters), so a lock-free design would need
-//! them in one atomic word or a multi-word protocol, and the semantics are where the value
-//! is. Under one lock each operation is a short critical section that is easy to check. The
-//! costs that matter are kept off the fast path:
+//! a multi-word protocol; and it would need `unsafe` (forbidden in this crate) or a new
+//! runtime dependency (std's lock-free channels are single-consumer). Under one lock each
+//! operation is a short critical section that is easy to check. The costs that matter are
+//! kept off the fast path:
 //!
-//! - notifications are skipped when nobody sleeps (sleepers are counted under the lock), so
-//!   an uncontended `put`/`get`/`mark_finished` cycle is three lock round trips and no system call;
-//! - blocking waits are on condvars (futexes), so sleeping threads cost nothing.
+//! - a notify on a futex condvar is a system call even with nobody asleep, so sleepers are
+//!   counted under the lock and notifications skipped without them; the hot notifications
+//!   are sent after unlocking, so the woken thread does not run into the held lock;
+//! - `inflight` is an atomic, so `mark_finished` is lock-free unless it brings the count
+//!   to zero while someone waits for that (see `Counters`). Taking the lock a third time
+//!   per closure cost 5x in throughput with one producer and one consumer on two cores.
 //!
-//! Measured with `cargo bench --bench queue` on the 2-core development machine (numbers in
-//! the benchmark's output; see `benches/queue.rs`): well above the targets of 10M
-//! single-thread cycles/s and 5M items/s with 4 producers and 4 consumers.
+//! Tried and rejected: yielding the CPU a few times before sleeping. It doubled the
+//! 4-producer/4-consumer benchmark on an idle machine but made the bounded stress test
+//! 20-40x slower on a loaded one, where `sched_yield` hands the core to another process
+//! for a whole time slice; coordinators share machines with busy JAX processes.
+//!
+//! Measured on the shared 2-core development VM (`cargo bench --bench queue`):
+//! 11-15M put/get/`mark_finished` cycles per second on one thread; 1.3-2.7M items/s with
+//! 4 producer and 4 consumer threads, where kernel time exceeds user time: with 8 threads
+//! on 2 cores, most hand-offs find the consumer asleep and cost a futex wake and a context
+//! switch (std's lock-free `sync_channel`, 4 producers and 1 consumer, did 9-19M in the
+//! same runs). From Python, where the GIL serialises callers, the queue does 5M cycles/s
+//! on one thread and 4.7M items/s with 4+4 threads, 17-23x a pure-Python queue
+//! (`benches/queue_bench.py`).
 //!
 //! # Cancellation never runs under the lock
 //!
