@@ -42,11 +42,12 @@
 //! 20-40x slower on a loaded one, where `sched_yield` hands the core to another process
 //! for a whole time slice; coordinators share machines with busy JAX processes.
 //!
-//! Measured on the shared 2-core development VM (`cargo bench --bench queue`):
-//! 11-15M put/get/`mark_finished` cycles per second on one thread; 1.3-2.7M items/s with
+//! Measured on the shared 2-core development VM (`cargo bench --bench queue`, load average
+//! 3-9 from other work): 9-15M put/get/`mark_finished` cycles per second on one thread;
+//! 1.2-2.7M items/s with
 //! 4 producer and 4 consumer threads, where kernel time exceeds user time: with 8 threads
 //! on 2 cores, most hand-offs find the consumer asleep and cost a futex wake and a context
-//! switch (std's lock-free `sync_channel`, 4 producers and 1 consumer, did 9-19M in the
+//! switch (std's lock-free `sync_channel`, 4 producers and 1 consumer, did 6-19M in the
 //! same runs). From Python, where the GIL serialises callers, the queue does 5M cycles/s
 //! on one thread and 4.7M items/s with 4+4 threads, 17-23x a pure-Python queue
 //! (`benches/queue_bench.py`).
