@@ -37,20 +37,19 @@
 //!   to zero while someone waits for that (see `Counters`). Taking the lock a third time
 //!   per closure cost 5x in throughput with one producer and one consumer on two cores.
 //!
-//! Tried and rejected: yielding the CPU a few times before sleeping. It doubled the
-//! 4-producer/4-consumer benchmark on an idle machine but made the bounded stress test
-//! 20-40x slower on a loaded one, where `sched_yield` hands the core to another process
-//! for a whole time slice; coordinators share machines with busy JAX processes.
+//! Tried and rejected: yielding the CPU a few times before sleeping. It doubled or tripled
+//! the 4-producer/4-consumer throughput, but made the bounded stress test 20-40x slower
+//! while other processes loaded the machine: `sched_yield` hands the core to another
+//! process for a whole time slice, and coordinators share machines with busy JAX processes.
 //!
 //! Measured on the shared 2-core development VM (`cargo bench --bench queue`, load average
-//! 3-9 from other work): 9-15M put/get/`mark_finished` cycles per second on one thread;
-//! 1.2-2.7M items/s with
-//! 4 producer and 4 consumer threads, where kernel time exceeds user time: with 8 threads
-//! on 2 cores, most hand-offs find the consumer asleep and cost a futex wake and a context
-//! switch (std's lock-free `sync_channel`, 4 producers and 1 consumer, did 6-19M in the
-//! same runs). From Python, where the GIL serialises callers, the queue does 5M cycles/s
-//! on one thread and 4.7M items/s with 4+4 threads, 17-23x a pure-Python queue
-//! (`benches/queue_bench.py`).
+//! 3-9 from other work): 9-15M put/get/`mark_finished` cycles per second on one thread, and
+//! 1.2-2.7M items/s with 4 producer and 4 consumer threads. There kernel time exceeds user
+//! time: with 8 threads on 2 cores most hand-offs find the consumer asleep and cost a futex
+//! wake and a context switch (std's lock-free `sync_channel`, 4 producers and 1 consumer,
+//! did 6-19M in the same runs). From Python, where the GIL serialises callers, the queue
+//! does 3.6-5M cycles/s on one thread and 4.7-6.2M items/s with 4+4 threads, 17-31x a
+//! pure-Python queue (`benches/queue_bench.py`).
 //!
 //! # Cancellation never runs under the lock
 //!
