@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 mod client;
 mod device;
 mod errors;
+mod queue;
 mod worker;
 
 /// Registers every binding on the `_core` module.
@@ -14,5 +15,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorkerJob>()?;
     m.add_class::<client::PyWorkerClient>()?;
     device::register(m)?;
+    m.add_class::<queue::PyClosureQueue>()?;
     Ok(())
 }
