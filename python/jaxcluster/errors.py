@@ -98,8 +98,7 @@ class ClosureInputError(JaxClusterError):
     def __init__(self, original_exception: BaseException | None) -> None:
         self.original_exception = _unwrap(original_exception)
         super().__init__(
-            f"Input has an error: {self.original_exception!r}; the closure that used it "
-            "was not run"
+            f"Input has an error: {self.original_exception!r}; the closure that used it was not run"
         )
 
 
