@@ -15,11 +15,12 @@ BARE_TYPES = {"CPU", "GPU", "TPU", "CUSTOM", "EPU"}
 
 def reference(spec: str | None) -> Fields | None:
     """TF 2.x's ``DeviceSpecV2`` reading of ``spec`` (``None`` where it raises), restated
-    from its documented rules, plus SPEC §3's rejection of negative numbers."""
+    from its documented rules, plus SPEC §3's rejection of negative numbers and our rejection
+    of numbers that do not fit in 64 bits (TF would overflow later, in C++)."""
 
     def number(text: str) -> int:
         value = int(text)
-        if value < 0:
+        if not 0 <= value < 2**64:
             raise ValueError(text)
         return value
 
