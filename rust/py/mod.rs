@@ -3,9 +3,11 @@
 use pyo3::prelude::*;
 
 mod errors;
+mod queue;
 
 /// Registers every binding on the `_core` module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<queue::PyClosureQueue>()?;
     Ok(())
 }
