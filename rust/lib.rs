@@ -2,12 +2,15 @@
 //!
 //! The crate is split the way the product is layered: [`queue`] (the TF closure-queue
 //! semantics) and [`device`] (TF device-name grammar) are plain Rust with no knowledge of
-//! Python, so `cargo test` and criterion exercise them directly. Everything PyO3 lives in
+//! Python, so `cargo test` and criterion exercise them directly. Everything `PyO3` lives in
 //! [`py`], compiled only with the `python` feature that maturin enables; `_core` is the
 //! module it registers.
 
 pub mod device;
 pub mod queue;
+pub mod rpc;
+pub mod runtime;
+pub mod worker;
 
 #[cfg(feature = "python")]
 mod py;

@@ -1,0 +1,100 @@
+//! Message-size limits, shared by the worker server and the client.
+//!
+//! Both sides accept messages up to [`DEFAULT_MAX_MESSAGE_BYTES`] unless configured
+//! otherwise. tonic refuses an oversized message with `OUT_OF_RANGE`; gRPC's convention is
+//! `RESOURCE_EXHAUSTED`, so the server rewrites that status with [`size_status_layer`]
+//! before it leaves the process, and the client folds it in [`super::RpcError::from`].
+
+use tonic::codegen::http::{HeaderValue, Response};
+use tonic::{Code, Status};
+
+/// Default limit for one request or response: 64 MiB.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Smallest accepted limit; below this even a status reply or a tiny closure would not fit.
+pub const MIN_MAX_MESSAGE_BYTES: usize = 1024;
+
+/// Largest accepted limit: gRPC frames carry a 32-bit length.
+pub const MAX_MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
+
+/// Checks a configured limit, saying what range is allowed.
+pub fn validate_max_message_bytes(limit: usize) -> Result<usize, String> {
+    if (MIN_MAX_MESSAGE_BYTES..=MAX_MAX_MESSAGE_BYTES).contains(&limit) {
+        Ok(limit)
+    } else {
+        Err(format!(
+            "max_message_bytes={limit} is out of range; expected between \
+             {MIN_MAX_MESSAGE_BYTES} and {MAX_MAX_MESSAGE_BYTES} bytes (default \
+             {DEFAULT_MAX_MESSAGE_BYTES}, 64 MiB)"
+        ))
+    }
+}
+
+/// The error for a message of `size` bytes over `limit`, as both sides report it.
+pub fn too_large(what: &str, size: usize, limit: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "{what} is {size} bytes, above the limit of {limit} bytes; raise max_message_bytes \
+         (worker: --max-message-bytes) on both sides or send smaller values"
+    ))
+}
+
+/// Rewrites a trailers-only `OUT_OF_RANGE` response (tonic's oversized-request error) to
+/// `RESOURCE_EXHAUSTED`, keeping tonic's message, which names the sizes.
+pub fn rewrite_size_status<B>(mut response: Response<B>) -> Response<B> {
+    let headers = response.headers_mut();
+    let out_of_range = HeaderValue::from(Code::OutOfRange as i32);
+    if headers.get("grpc-status") == Some(&out_of_range) {
+        if let Some(status) = Status::from_header_map(headers) {
+            let rewritten = Status::resource_exhausted(format!(
+                "request rejected by the worker's size limit: {}",
+                status.message()
+            ));
+            // Only fails for a header value that cannot be encoded, which our ASCII message
+            // never is; keeping the original status is the safe fallback.
+            let _ = rewritten.add_header(headers);
+        }
+    }
+    response
+}
+
+/// A tower layer applying [`rewrite_size_status`] to every response of a server.
+pub fn size_status_layer<B>() -> tower::util::MapResponseLayer<fn(Response<B>) -> Response<B>> {
+    tower::util::MapResponseLayer::new(rewrite_size_status::<B> as fn(Response<B>) -> Response<B>)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_outside_the_range_are_refused_with_the_range() {
+        assert_eq!(validate_max_message_bytes(2048), Ok(2048));
+        let e = validate_max_message_bytes(10).unwrap_err();
+        assert!(
+            e.contains("max_message_bytes=10") && e.contains("1024"),
+            "{e}"
+        );
+        assert!(validate_max_message_bytes(usize::MAX).is_err());
+    }
+
+    #[test]
+    fn out_of_range_responses_are_rewritten_and_others_kept() {
+        let response: Response<()> = Status::out_of_range("length too large: found 9").into_http();
+        let rewritten = rewrite_size_status(response);
+        let status = Status::from_header_map(rewritten.headers()).unwrap();
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(status.message().contains("found 9"), "{}", status.message());
+
+        let response: Response<()> = Status::not_found("nope").into_http();
+        let kept = rewrite_size_status(response);
+        let status = Status::from_header_map(kept.headers()).unwrap();
+        assert_eq!(status.code(), Code::NotFound);
+    }
+
+    #[test]
+    fn too_large_names_sizes() {
+        let s = too_large("result", 10, 5);
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert!(s.message().contains("10 bytes") && s.message().contains("5 bytes"));
+    }
+}

@@ -1,0 +1,36 @@
+//! The coordinator <-> worker protocol: generated messages and service stubs, bearer-token
+//! auth, the one mapping between `tonic::Status` and [`RpcError`], message-size limits, and
+//! the [`client::WorkerClient`] the coordinator's dispatcher uses.
+//!
+//! Nothing here knows Python exists; `rust/py` wraps it.
+
+pub mod auth;
+pub mod client;
+pub mod limits;
+pub mod status;
+
+pub use client::{ClientConfig, WorkerClient};
+pub use status::RpcError;
+
+/// Messages and service stubs generated from `protos/jaxcluster/v1/worker.proto`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("jaxcluster.v1");
+}
+
+/// Length of a function's content hash (SHA-256) in bytes.
+pub const HASH_LEN: usize = 32;
+
+/// Revision of the v1 protocol this build speaks (`GetStatusResponse.protocol_revision`).
+pub const PROTOCOL_REVISION: u32 = 1;
+
+/// The content hash of a function payload: its SHA-256 digest.
+///
+/// ```
+/// let h = _core::rpc::content_hash(b"abc");
+/// assert_eq!(h[0], 0xba);
+/// ```
+pub fn content_hash(payload: &[u8]) -> [u8; HASH_LEN] {
+    use sha2::Digest;
+    sha2::Sha256::digest(payload).into()
+}

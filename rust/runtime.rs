@@ -1,0 +1,109 @@
+//! The one process-wide tokio runtime.
+//!
+//! **Ownership rule.** Every async piece of jaxcluster (worker servers, worker clients, the
+//! coordinator's dispatcher) runs on a single multi-threaded runtime created lazily on first
+//! use and never dropped: tonic channels and servers are bound to the runtime that spawned
+//! their background tasks, so one global avoids a whole class of "runtime dropped while a
+//! channel still used it" bugs, and two threads keep a 2-core machine from oversubscribing.
+//!
+//! **Fork rule.** A forked child inherits the runtime's memory but none of its threads, so
+//! the inherited runtime would hang on first use. [`runtime`] records the pid that created
+//! it and refuses, with [`RuntimeError::Forked`], to hand it out in any other process. A
+//! child must not use servers or clients created before the fork; it starts its own
+//! process (`subprocess`, or multiprocessing's `spawn`/`forkserver` start methods), or it
+//! forks before jaxcluster first touches the network.
+
+use std::sync::OnceLock;
+
+use tokio::runtime::{Builder, Runtime};
+
+/// Worker threads of the shared runtime: enough to overlap I/O with the interpreter on a
+/// small machine without competing with JAX for cores.
+const MAX_WORKER_THREADS: usize = 4;
+
+/// The runtime together with the process that created it.
+struct Owned {
+    pid: u32,
+    runtime: Runtime,
+}
+
+static RUNTIME: OnceLock<Result<Owned, String>> = OnceLock::new();
+
+/// Why the shared runtime cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RuntimeError {
+    /// The runtime was created in a parent process before `fork()`.
+    #[error(
+        "jaxcluster's async runtime was created in process {created_in} and this is process \
+         {current} (a fork of it); a forked child cannot use it. Create jaxcluster servers and \
+         clients only in the child (start it with subprocess or multiprocessing's 'spawn' \
+         method), or fork before jaxcluster is first used"
+    )]
+    Forked {
+        /// Pid of the process that created the runtime.
+        created_in: u32,
+        /// Pid of the calling process.
+        current: u32,
+    },
+    /// The operating system refused to create the runtime's threads.
+    #[error("could not start jaxcluster's async runtime: {0}")]
+    Build(String),
+}
+
+/// Returns the process-wide runtime, creating it on first use.
+///
+/// ```
+/// let rt = _core::runtime::runtime().unwrap();
+/// assert_eq!(rt.block_on(async { 1 + 1 }), 2);
+/// ```
+pub fn runtime() -> Result<&'static Runtime, RuntimeError> {
+    let owned = RUNTIME.get_or_init(|| {
+        let threads = std::thread::available_parallelism()
+            .map_or(2, std::num::NonZero::get)
+            .clamp(1, MAX_WORKER_THREADS);
+        Builder::new_multi_thread()
+            .worker_threads(threads)
+            .thread_name("jaxcluster-rt")
+            .enable_all()
+            .build()
+            .map(|runtime| Owned {
+                pid: std::process::id(),
+                runtime,
+            })
+            .map_err(|e| e.to_string())
+    });
+    match owned {
+        Ok(owned) if owned.pid == std::process::id() => Ok(&owned.runtime),
+        Ok(owned) => Err(RuntimeError::Forked {
+            created_in: owned.pid,
+            current: std::process::id(),
+        }),
+        Err(message) => Err(RuntimeError::Build(message.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_is_shared_and_usable() {
+        let a = runtime().unwrap();
+        let b = runtime().unwrap();
+        assert!(std::ptr::eq(a, b));
+        assert_eq!(a.block_on(async { 40 + 2 }), 42);
+    }
+
+    #[test]
+    fn forked_error_names_both_processes() {
+        let e = RuntimeError::Forked {
+            created_in: 10,
+            current: 11,
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains("process 10") && text.contains("process 11"),
+            "{text}"
+        );
+    }
+}

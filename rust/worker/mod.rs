@@ -1,0 +1,239 @@
+//! The tonic server a worker process hosts.
+//!
+//! RPC handlers run on the shared tokio runtime; code runs on one executor thread that
+//! takes [`Job`]s with [`WorkerServer::next_job`] (in a worker process that thread is
+//! Python's, waiting with the GIL released). Auth runs on every RPC before its body is
+//! decoded; requests are validated before any lookup; one job runs at a time.
+//!
+//! Shutdown is two-phase: [`WorkerServer::begin_shutdown`] stops taking closures (new and
+//! queued ones get `UNAVAILABLE`, so a coordinator retries them elsewhere) while the one in
+//! progress finishes; [`WorkerServer::stop_serving`] then closes the listener and lets
+//! in-flight RPCs complete.
+
+pub mod jobs;
+pub mod service;
+pub mod stats;
+pub mod store;
+pub mod validate;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::Server;
+
+pub use jobs::{Job, JobReply, JobRequest, Pop};
+
+use crate::rpc::auth::{validate_token, AuthCheck};
+use crate::rpc::limits::{
+    size_status_layer, validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES,
+};
+use crate::rpc::pb;
+use jobs::JobQueue;
+use service::{Shared, WorkerService};
+use stats::Stats;
+use store::FunctionStore;
+
+/// How to start a worker server.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// `HOST:PORT` to bind; port 0 picks a free port.
+    pub address: String,
+    /// Token every request must carry; required unless every bound address is loopback.
+    pub auth_token: Option<String>,
+    /// This worker's index in its job, reported by `GetStatus`.
+    pub worker_index: i64,
+    /// Largest request or response, in bytes.
+    pub max_message_bytes: usize,
+    /// Reported by `ListDevices`.
+    pub devices: Vec<pb::Device>,
+    /// Reported by `GetStatus`.
+    pub jax_version: String,
+    /// Reported by `GetStatus` (`cpu`, `gpu`, `tpu`).
+    pub platform: String,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        Self {
+            address: "127.0.0.1:0".to_owned(),
+            auth_token: None,
+            worker_index: 0,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            devices: Vec::new(),
+            jax_version: String::new(),
+            platform: String::new(),
+        }
+    }
+}
+
+/// Why a worker server could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    /// A setting is invalid; the message says which and what is expected.
+    #[error("{0}")]
+    Config(String),
+    /// The address could not be resolved or bound.
+    #[error("could not bind worker address {address:?}: {source}")]
+    Bind {
+        /// The address as given.
+        address: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// The server stopped with an error.
+    #[error("the worker's gRPC server failed: {0}")]
+    Serve(String),
+}
+
+/// A running worker server; dropping it stops serving.
+pub struct WorkerServer {
+    local_addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    task: Mutex<Option<JoinHandle<Result<(), tonic::transport::Error>>>>,
+}
+
+async fn bind(config: &WorkerConfig) -> Result<TcpListener, WorkerError> {
+    let bind_error = |source| WorkerError::Bind {
+        address: config.address.clone(),
+        source,
+    };
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&config.address)
+        .await
+        .map_err(bind_error)?
+        .collect();
+    let Some(first) = addrs.first() else {
+        return Err(bind_error(std::io::Error::other(
+            "the name resolved to no address",
+        )));
+    };
+    if config.auth_token.is_none() && !first.ip().is_loopback() {
+        return Err(WorkerError::Config(format!(
+            "refusing to bind {:?} ({}) without an auth token: anyone who can reach a \
+             non-loopback address could run code on this machine. Give a token \
+             (--auth-token-file or JAXCLUSTER_AUTH_TOKEN) or bind 127.0.0.1",
+            config.address,
+            first.ip()
+        )));
+    }
+    TcpListener::bind(first).await.map_err(bind_error)
+}
+
+impl WorkerServer {
+    /// Binds, then serves on the current tokio runtime until [`WorkerServer::stop_serving`].
+    pub async fn start(config: WorkerConfig) -> Result<Self, WorkerError> {
+        let limit =
+            validate_max_message_bytes(config.max_message_bytes).map_err(WorkerError::Config)?;
+        if let Some(token) = &config.auth_token {
+            validate_token(token).map_err(WorkerError::Config)?;
+        }
+        let listener = bind(&config).await?;
+        let local_addr = listener.local_addr().map_err(|source| WorkerError::Bind {
+            address: config.address.clone(),
+            source,
+        })?;
+        let stats = Arc::new(Stats::default());
+        let shared = Arc::new(Shared {
+            worker_index: config.worker_index,
+            jax_version: config.jax_version,
+            platform: config.platform,
+            devices: config.devices,
+            max_message_bytes: limit,
+            store: FunctionStore::default(),
+            queue: Arc::new(JobQueue::new(Arc::clone(&stats), config.worker_index)),
+            stats: Arc::clone(&stats),
+            started: Instant::now(),
+        });
+        let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&shared)))
+            .max_decoding_message_size(limit)
+            .max_encoding_message_size(limit);
+        let auth = AuthCheck::new(
+            config.auth_token.as_deref(),
+            Arc::clone(&stats.unauthenticated),
+        );
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serve = Server::builder()
+            .layer(size_status_layer::<tonic::body::Body>())
+            .add_service(InterceptedService::new(service, auth))
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                async {
+                    let _ = stopped.await;
+                },
+            );
+        let task = tokio::spawn(serve);
+        Ok(Self {
+            local_addr,
+            shared,
+            stop: Mutex::new(Some(stop)),
+            task: Mutex::new(Some(task)),
+        })
+    }
+
+    /// The address actually bound (with the real port when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Blocks up to `timeout` for the next job. For the executor thread only.
+    pub fn next_job(&self, timeout: Duration) -> Pop {
+        self.shared.queue.pop(timeout)
+    }
+
+    /// Stops taking closures; queued ones are answered `UNAVAILABLE`. Returns `false` if
+    /// shutdown had already begun.
+    pub fn begin_shutdown(&self) -> bool {
+        self.shared.queue.begin_drain()
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_draining(&self) -> bool {
+        self.shared.queue.is_draining()
+    }
+
+    /// Blocks up to `timeout` until shutdown has begun and no job is queued or running.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        self.shared.queue.wait_idle(timeout)
+    }
+
+    /// The `GetStatus` answer right now.
+    pub fn status(&self) -> pb::GetStatusResponse {
+        self.shared.status()
+    }
+
+    /// Closes the listener and returns the serving task, which ends once in-flight RPCs
+    /// have completed; `None` if already stopped. Call after [`WorkerServer::wait_idle`].
+    pub fn stop_serving(&self) -> Option<JoinHandle<Result<(), tonic::transport::Error>>> {
+        if let Some(stop) = self
+            .stop
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = stop.send(());
+        }
+        self.task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Drop for WorkerServer {
+    fn drop(&mut self) {
+        self.shared.queue.begin_drain();
+        if let Some(task) = self.stop_serving() {
+            // Nobody will await it; abort so the port is released promptly.
+            task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
