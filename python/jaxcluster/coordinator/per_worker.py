@@ -147,7 +147,8 @@ class _IteratorFactory:
             return iter(dataset)
         except TypeError:
             raise TypeError(
-                f"dataset_fn returned a {type(dataset).__qualname__}, which is not iterable; "
+                f"dataset_fn returned an object of type {type(dataset).__qualname__}, which is "
+                "not iterable; "
                 "expected an iterable (a list, a generator, a data loader...)"
             ) from None
 
