@@ -1,13 +1,18 @@
-//! Thin PyO3 wrappers over the core modules, one file each, plus the error boundary.
+//! Thin `PyO3` wrappers over the core modules, one file each, plus the error boundary.
 
 use pyo3::prelude::*;
 
+mod client;
 mod errors;
 mod queue;
+mod worker;
 
 /// Registers every binding on the `_core` module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<queue::PyClosureQueue>()?;
+    m.add_class::<worker::PyWorkerServer>()?;
+    m.add_class::<worker::PyWorkerJob>()?;
+    m.add_class::<client::PyWorkerClient>()?;
     Ok(())
 }

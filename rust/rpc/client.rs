@@ -13,7 +13,10 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use super::auth::BearerToken;
-use super::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
+use super::limits::{
+    validate_max_message_bytes, CONNECTION_WINDOW_BYTES, DEFAULT_MAX_MESSAGE_BYTES,
+    STREAM_WINDOW_BYTES,
+};
 use super::pb;
 use super::RpcError;
 
@@ -83,6 +86,8 @@ impl WorkerClient {
             })?
             .connect_timeout(config.connect_timeout)
             .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
             // Keepalive pings notice a worker that vanished without closing its socket
             // (a partitioned or frozen host) while a long closure is in flight.
             .http2_keep_alive_interval(Duration::from_secs(15))

@@ -17,6 +17,13 @@ pub const MIN_MAX_MESSAGE_BYTES: usize = 1024;
 /// Largest accepted limit: gRPC frames carry a 32-bit length.
 pub const MAX_MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
 
+/// HTTP/2 flow-control window for one stream. The 64 KiB protocol default makes a
+/// multi-megabyte array wait for a window update every 64 KiB; 4 MiB lets it stream.
+pub const STREAM_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
+
+/// HTTP/2 flow-control window for a whole connection (a few streams in flight at once).
+pub const CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
+
 /// Checks a configured limit, saying what range is allowed.
 pub fn validate_max_message_bytes(limit: usize) -> Result<usize, String> {
     if (MIN_MAX_MESSAGE_BYTES..=MAX_MAX_MESSAGE_BYTES).contains(&limit) {

@@ -120,11 +120,17 @@ impl From<Status> for RpcError {
         }
         // A transport failure (refused connection, reset stream) arrives with the cause in
         // the source chain rather than the message; keep it, it is the useful part.
-        if let Some(source) = std::error::Error::source(&status) {
-            let cause = source.to_string();
-            if !message.contains(&cause) {
-                message = format!("{message} ({cause})");
+        let mut source = std::error::Error::source(&status);
+        let mut causes = Vec::new();
+        while let Some(error) = source {
+            let cause = error.to_string();
+            if !message.contains(&cause) && !causes.contains(&cause) {
+                causes.push(cause);
             }
+            source = error.source();
+        }
+        if !causes.is_empty() {
+            message = format!("{message} ({})", causes.join(": "));
         }
         Self::from_code(status.code(), message)
     }

@@ -31,7 +31,8 @@ pub use jobs::{Job, JobReply, JobRequest, Pop};
 
 use crate::rpc::auth::{validate_token, AuthCheck};
 use crate::rpc::limits::{
-    size_status_layer, validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES,
+    size_status_layer, validate_max_message_bytes, CONNECTION_WINDOW_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES, STREAM_WINDOW_BYTES,
 };
 use crate::rpc::pb;
 use jobs::JobQueue;
@@ -159,6 +160,8 @@ impl WorkerServer {
         );
         let (stop, stopped) = oneshot::channel::<()>();
         let serve = Server::builder()
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
             .layer(size_status_layer::<tonic::body::Body>())
             .add_service(InterceptedService::new(service, auth))
             .serve_with_incoming_shutdown(

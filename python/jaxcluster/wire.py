@@ -1,0 +1,263 @@
+"""How values and functions cross the wire between a coordinator and its workers.
+
+A value travels as a pickle (protocol 5) plus its out-of-band buffers, so numpy arrays are
+sent as raw bytes next to the pickle instead of being copied into it; JAX arrays are turned
+into numpy arrays on the way. Plain ``pickle`` is tried first (fast, C); objects it cannot
+handle (lambdas, local classes, ``__main__`` definitions) fall back to ``cloudpickle``. A
+:class:`ResourceRef` inside a value is pickled as a persistent id that the worker replaces
+with its own per-worker object.
+
+Functions are content-addressed: :func:`function_payload` serializes a callable (or a
+``jax.jit`` function with :func:`export_jax`) and names it by the SHA-256 of the bytes.
+
+Example::
+
+    from jaxcluster import wire
+    import numpy as np
+    encoded = wire.encode(((np.arange(3),), {}))
+    args, kwargs = wire.decode(encoded.pickle, encoded.buffers)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import pickle
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+
+from jaxcluster import errors
+
+__all__ = [
+    "PICKLE_PROTOCOL",
+    "Encoded",
+    "FunctionPayload",
+    "ResourceRef",
+    "content_hash",
+    "decode",
+    "encode",
+    "export_jax",
+    "function_payload",
+    "rebuild_exception",
+]
+
+PICKLE_PROTOCOL = 5
+_RESOURCE_TAG = "jaxcluster.resource"
+
+
+@dataclass(frozen=True)
+class ResourceRef:
+    """Stands for a per-worker value (e.g. a dataset iterator) inside closure arguments.
+
+    The coordinator puts ``ResourceRef(resource_id)`` where the value belongs; the worker
+    executing the closure swaps in the object it created under that id.
+
+    Example::
+
+        encode(((ResourceRef(7),), {}))  # the worker passes its resource 7 as the arg
+    """
+
+    resource_id: int
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A pickled value and its out-of-band buffers, ready for a ``Value`` message."""
+
+    pickle: bytes
+    buffers: list[bytes] = field(default_factory=list)
+
+
+def _jax_array_type() -> type | None:
+    # Only look JAX up if the program already imported it: encoding never imports JAX.
+    jax = sys.modules.get("jax")
+    return getattr(jax, "Array", None) if jax is not None else None
+
+
+def _persistent_id(obj: Any) -> Any:
+    if type(obj) is ResourceRef:
+        return (_RESOURCE_TAG, obj.resource_id)
+    return None
+
+
+def _jax_to_numpy(obj: Any, jax_array: type | None) -> Any:
+    if jax_array is not None and isinstance(obj, jax_array):
+        import numpy as np
+
+        return np.asarray(obj).__reduce_ex__(PICKLE_PROTOCOL)
+    return NotImplemented
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]) -> None:
+        super().__init__(file, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
+        self._jax_array = _jax_array_type()
+
+    def persistent_id(self, obj: Any) -> Any:
+        return _persistent_id(obj)
+
+    def reducer_override(self, obj: Any) -> Any:
+        return _jax_to_numpy(obj, self._jax_array)
+
+
+class _CloudPickler(cloudpickle.CloudPickler):
+    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]) -> None:
+        super().__init__(file, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
+        self._jax_array = _jax_array_type()
+
+    def persistent_id(self, obj: Any) -> Any:
+        return _persistent_id(obj)
+
+    def reducer_override(self, obj: Any) -> Any:
+        converted = _jax_to_numpy(obj, self._jax_array)
+        if converted is NotImplemented:
+            return super().reducer_override(obj)
+        return converted
+
+
+def _dump(pickler_type: type, value: Any) -> Encoded:
+    stream = io.BytesIO()
+    buffers: list[pickle.PickleBuffer] = []
+    pickler_type(stream, buffers).dump(value)
+    # The Rust core takes bytes (the stable ABI has no buffer protocol), hence one copy.
+    return Encoded(stream.getvalue(), [b.raw().tobytes() for b in buffers])
+
+
+def encode(value: Any) -> Encoded:
+    """Pickles ``value`` with out-of-band buffers; falls back to cloudpickle when needed.
+
+    Raises ``pickle.PicklingError`` naming the value's type when neither can pickle it.
+    """
+    try:
+        return _dump(_Pickler, value)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        pass
+    try:
+        return _dump(_CloudPickler, value)
+    except Exception as exc:
+        raise pickle.PicklingError(
+            f"cannot send a value of type {type(value).__qualname__} to or from a worker: "
+            f"{exc}; expected something picklable (arrays, numbers, containers, functions "
+            "and classes cloudpickle can serialize)"
+        ) from exc
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(
+        self,
+        data: bytes,
+        buffers: Sequence[bytes],
+        resolve_resource: Callable[[int], Any] | None,
+    ) -> None:
+        super().__init__(io.BytesIO(data), buffers=buffers)
+        self._resolve = resolve_resource
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == _RESOURCE_TAG):
+            raise pickle.UnpicklingError(
+                f"unknown persistent id {pid!r}; expected ({_RESOURCE_TAG!r}, resource_id)"
+            )
+        resource_id = int(pid[1])
+        if self._resolve is None:
+            return ResourceRef(resource_id)
+        return self._resolve(resource_id)
+
+
+def decode(
+    data: bytes,
+    buffers: Sequence[bytes] = (),
+    *,
+    resolve_resource: Callable[[int], Any] | None = None,
+) -> Any:
+    """Unpickles a value made by :func:`encode`.
+
+    ``resolve_resource(resource_id)`` replaces each :class:`ResourceRef`; without it the
+    refs come back as they were. Exceptions it raises propagate unchanged.
+    """
+    return _Unpickler(data, buffers, resolve_resource).load()
+
+
+def content_hash(payload: bytes) -> bytes:
+    """The 32-byte SHA-256 digest that names a function payload."""
+    return hashlib.sha256(payload).digest()
+
+
+@dataclass(frozen=True)
+class FunctionPayload:
+    """A serialized function as ``RegisterFunction`` sends it."""
+
+    kind: str
+    payload: bytes
+    function_hash: bytes
+
+    @classmethod
+    def of(cls, kind: str, payload: bytes) -> FunctionPayload:
+        """Wraps ``payload`` of ``kind`` (``"cloudpickle"`` or ``"jax_export"``)."""
+        return cls(kind, payload, content_hash(payload))
+
+
+def function_payload(fn: Callable[..., Any]) -> FunctionPayload:
+    """Cloudpickles a callable for ``RegisterFunction``."""
+    if not callable(fn):
+        raise TypeError(
+            f"expected a callable to send to workers, got {type(fn).__qualname__}: {fn!r}"
+        )
+    return FunctionPayload.of("cloudpickle", cloudpickle.dumps(fn, protocol=PICKLE_PROTOCOL))
+
+
+def export_jax(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    platforms: Sequence[str] | None = None,
+) -> FunctionPayload:
+    """Exports ``fn`` with ``jax.export`` for arguments shaped like ``args``/``kwargs``.
+
+    ``fn`` may be a ``jax.jit`` function or a plain function (it is jitted). ``platforms``
+    defaults to this process's backend; give the workers' (e.g. ``["tpu"]``) when they
+    differ. The payload is the serialized ``Exported``, cached on workers by its hash.
+    """
+    import jax
+    import numpy as np
+    from jax import export
+
+    def spec(x: Any) -> Any:
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        array = x if isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x)
+        return jax.ShapeDtypeStruct(array.shape, jax.dtypes.canonicalize_dtype(array.dtype))
+
+    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+    arg_specs = jax.tree_util.tree_map(spec, tuple(args))
+    kwarg_specs = jax.tree_util.tree_map(spec, dict(kwargs or {}))
+    exporter = export.export(
+        jitted,  # type: ignore[arg-type]
+        platforms=None if platforms is None else tuple(platforms),
+    )
+    exported = exporter(*arg_specs, **kwarg_specs)
+    return FunctionPayload.of("jax_export", bytes(exported.serialize()))
+
+
+def rebuild_exception(error: Mapping[str, Any]) -> BaseException:
+    """The exception a worker reported (a ``ClosureError`` as a dict), rebuilt locally.
+
+    The pickled exception is used when it unpickles here; otherwise a
+    :class:`jaxcluster.errors.RemoteError` carries the type name, message and traceback.
+    """
+    pickled = error.get("exception")
+    if pickled:
+        try:
+            exc = decode(pickled, error.get("exception_buffers") or ())
+        except Exception:
+            exc = None
+        if isinstance(exc, BaseException):
+            return exc
+    module = error.get("module") or ""
+    qualname = error.get("type_name") or "Exception"
+    name = qualname if module in ("", "builtins") else f"{module}.{qualname}"
+    return errors.RemoteError(name, error.get("message") or "", error.get("traceback") or "")

@@ -1,0 +1,146 @@
+"""The worker's executor loop: takes jobs from the Rust server and runs them.
+
+The loop runs on one thread (the process's main thread in ``jaxcluster worker``), waiting
+in ``WorkerServer.next_job`` with the GIL released, so the interpreter is free while the
+worker is idle and a closure never competes with another for it. Every job is answered
+exactly once, whatever happens while running it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxcluster import wire
+from jaxcluster.worker.context import running_on_worker
+from jaxcluster.worker.failures import describe_exception
+from jaxcluster.worker.functions import FunctionCache, FunctionLoadError
+from jaxcluster.worker.resources import ResourceInputError, ResourceRegistry
+
+__all__ = ["Executor"]
+
+_INTERNAL = frozenset({__file__})
+
+
+class _Answered(Exception):
+    """Internal: preparing a job already answered it (with an error)."""
+
+
+class Executor:
+    """Runs the jobs a ``jaxcluster._core.WorkerServer`` hands out, one at a time.
+
+    Example::
+
+        server = WorkerServer("127.0.0.1:0", worker_index=0)
+        Executor(server, worker_index=0).serve()  # returns once shutdown has drained
+    """
+
+    def __init__(self, server: Any, worker_index: int) -> None:
+        self._server = server
+        self._index = worker_index
+        self._functions = FunctionCache()
+        self._resources = ResourceRegistry(worker_index)
+        self.jobs_handled = 0
+
+    def serve(self, poll_seconds: float = 0.5) -> None:
+        """Handles jobs until the server has begun shutting down and has none left."""
+        while True:
+            job = self._server.next_job(poll_seconds)
+            if job is None and self._server.draining:
+                # Catch a job queued just before draining began (a resource release).
+                job = self._server.next_job(0.0)
+                if job is None:
+                    return
+            if job is not None:
+                self.handle(job)
+
+    def handle(self, job: Any) -> None:
+        """Runs one job and answers it; a failure of the executor itself answers INTERNAL."""
+        try:
+            if job.kind == "run":
+                self._run(job)
+            elif job.kind == "create_resource":
+                self._create(job)
+            elif job.kind == "release_resource":
+                job.reply_ok(released=self._resources.release(job.resource_ids))
+            else:
+                job.reply_status("INTERNAL", f"this worker cannot handle jobs of kind {job.kind!r}")
+        except _Answered:
+            pass
+        except BaseException as exc:
+            if not job.replied:
+                job.reply_status(
+                    "INTERNAL",
+                    f"worker {self._index} failed while handling a {job.kind} job: "
+                    f"{type(exc).__name__}: {exc}",
+                )
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.jobs_handled += 1
+
+    def _fail(self, job: Any, kind: str, exc: BaseException, **extra: Any) -> _Answered:
+        job.reply_error(kind, **describe_exception(exc, _INTERNAL), **extra)
+        return _Answered()
+
+    def _prepare(self, job: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        """Loads the function and decodes the arguments, answering the job on failure."""
+        try:
+            fn = self._functions.get(
+                job.function_hash, job.function_kind, lambda: job.function_payload
+            )
+        except FunctionLoadError as exc:
+            raise self._fail(job, "function_load", exc) from None
+        if job.args is None:
+            return fn, (), {}
+        try:
+            decoded = wire.decode(job.args, job.buffers, resolve_resource=self._resources.resolve)
+        except ResourceInputError as exc:
+            raise self._fail(job, "input", exc.original, resource_id=exc.resource_id) from None
+        except Exception as exc:
+            job.reply_status(
+                "INVALID_ARGUMENT",
+                f"worker {self._index} could not unpickle the closure's arguments: "
+                f"{type(exc).__name__}: {exc}",
+            )
+            raise _Answered() from None
+        ok = (
+            isinstance(decoded, tuple)
+            and len(decoded) == 2
+            and isinstance(decoded[0], (tuple, list))
+            and isinstance(decoded[1], dict)
+        )
+        if not ok:
+            job.reply_status(
+                "INVALID_ARGUMENT",
+                "the closure's arguments unpickled to "
+                f"{type(decoded).__qualname__}; expected a tuple (args, kwargs) of a "
+                "tuple and a dict",
+            )
+            raise _Answered()
+        return fn, tuple(decoded[0]), decoded[1]
+
+    def _call(self, job: Any) -> Any:
+        fn, args, kwargs = self._prepare(job)
+        with running_on_worker(self._index):
+            return fn(*args, **kwargs)
+
+    def _run(self, job: Any) -> None:
+        try:
+            result = self._call(job)
+            encoded = wire.encode(result)
+        except _Answered:
+            raise
+        except Exception as exc:
+            raise self._fail(job, "user", exc) from None
+        job.reply_ok(encoded.pickle, encoded.buffers)
+
+    def _create(self, job: Any) -> None:
+        try:
+            value = self._call(job)
+        except _Answered:
+            raise
+        except Exception as exc:
+            self._resources.fail(job.resource_id, exc)
+            raise self._fail(job, "user", exc) from None
+        self._resources.put(job.resource_id, value)
+        job.reply_ok()

@@ -1,0 +1,334 @@
+//! `jaxcluster._core.WorkerClient`: blocking calls on the Rust worker client, made with
+//! the GIL released and woken every 100 ms so Ctrl-C gets through. Also the helpers the
+//! other binding files share: [`wait_for`] and [`rpc_error`], the boundary where
+//! [`RpcError`] becomes a `jaxcluster.errors` exception.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use super::errors::new_error;
+use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::rpc::{pb, ClientConfig, RpcError, WorkerClient};
+use crate::runtime::runtime;
+
+/// How often a blocking wait wakes up to let Python handle signals.
+const SIGNAL_POLL: Duration = Duration::from_millis(100);
+
+/// Maps an RPC failure to its `jaxcluster.errors` class.
+pub(crate) fn rpc_error(py: Python<'_>, error: &RpcError) -> PyErr {
+    let class = match error {
+        RpcError::Unauthenticated(_) => "UnauthenticatedError",
+        RpcError::Unavailable(_) => "UnavailableError",
+        RpcError::NotFound(_) => "NotFoundError",
+        RpcError::InvalidArgument(_) => "InvalidArgumentError",
+        RpcError::ResourceExhausted(_) => "ResourceExhaustedError",
+        RpcError::DeadlineExceeded(_) => "DeadlineExceededError",
+        RpcError::Cancelled(_) => "CancelledError",
+        RpcError::FailedPrecondition(_) => "FailedPreconditionError",
+        RpcError::Aborted(_) => "AbortedError",
+        RpcError::Internal(_) => "InternalError",
+    };
+    new_error(py, class, error.message().to_owned())
+}
+
+/// Converts a Python timeout in seconds (`None`: no limit) to a `Duration`.
+pub(crate) fn duration(seconds: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "{what}={s} is not a valid timeout; expected a non-negative number of seconds or None"
+        ))),
+    }
+}
+
+/// Runs `future` on the shared runtime with the GIL released, checking for signals
+/// between short waits; a pending `KeyboardInterrupt` drops (cancels) the future.
+pub(crate) fn wait_for<F, T>(py: Python<'_>, future: F) -> PyResult<T>
+where
+    F: Future<Output = Result<T, RpcError>> + Send,
+    T: Send,
+{
+    let rt = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    let mut future = Box::pin(future);
+    loop {
+        // The timer must be created inside the runtime, hence the async block.
+        let polled = py
+            .detach(|| rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut future).await }));
+        match polled {
+            Ok(result) => return result.map_err(|e| rpc_error(py, &e)),
+            Err(_elapsed) => py.check_signals()?,
+        }
+    }
+}
+
+pub(crate) fn bytes_list<'py>(py: Python<'py>, items: &[Bytes]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, items.iter().map(|b| PyBytes::new(py, b)))
+}
+
+pub(crate) fn to_bytes(data: PyBackedBytes) -> Bytes {
+    Bytes::from_owner(data)
+}
+
+fn value(pickle: Option<PyBackedBytes>, buffers: Vec<PyBackedBytes>) -> Option<pb::Value> {
+    pickle.map(|p| pb::Value {
+        pickle: to_bytes(p),
+        buffers: buffers.into_iter().map(to_bytes).collect(),
+    })
+}
+
+pub(crate) fn function_kind(kind: &str) -> PyResult<pb::FunctionKind> {
+    match kind {
+        "cloudpickle" => Ok(pb::FunctionKind::Cloudpickle),
+        "jax_export" => Ok(pb::FunctionKind::JaxExport),
+        other => Err(PyValueError::new_err(format!(
+            "function kind {other:?} is not known; expected 'cloudpickle' or 'jax_export'"
+        ))),
+    }
+}
+
+/// `GetStatus` as a dict; shared with `WorkerServer.status()`.
+pub(crate) fn status_dict<'py>(
+    py: Python<'py>,
+    s: &pb::GetStatusResponse,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let state = match s.state() {
+        pb::ServingState::Serving => "serving",
+        pb::ServingState::Draining => "draining",
+        pb::ServingState::Unspecified => "unspecified",
+    };
+    d.set_item("state", state)?;
+    d.set_item("worker_index", s.worker_index)?;
+    d.set_item("jaxcluster_version", &s.jaxcluster_version)?;
+    d.set_item("jax_version", &s.jax_version)?;
+    d.set_item("platform", &s.platform)?;
+    d.set_item("functions_registered", s.functions_registered)?;
+    d.set_item("closures_run", s.closures_run)?;
+    d.set_item("closures_failed", s.closures_failed)?;
+    d.set_item("queued", s.queued)?;
+    d.set_item("inflight", s.inflight)?;
+    d.set_item("resources_created", s.resources_created)?;
+    d.set_item("resources_released", s.resources_released)?;
+    d.set_item("unauthenticated_requests", s.unauthenticated_requests)?;
+    d.set_item("rejected_requests", s.rejected_requests)?;
+    d.set_item("pid", s.pid)?;
+    d.set_item("uptime_seconds", s.uptime_seconds)?;
+    d.set_item("protocol_revision", s.protocol_revision)?;
+    Ok(d)
+}
+
+fn error_dict<'py>(py: Python<'py>, e: &pb::ClosureError) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    let kind = match e.kind() {
+        pb::ErrorKind::User => "user",
+        pb::ErrorKind::Input => "input",
+        pb::ErrorKind::FunctionLoad => "function_load",
+        pb::ErrorKind::Infrastructure => "infrastructure",
+        pb::ErrorKind::Unspecified => "unspecified",
+    };
+    d.set_item("kind", kind)?;
+    d.set_item("type_name", &e.type_name)?;
+    d.set_item("module", &e.module)?;
+    d.set_item("message", &e.message)?;
+    d.set_item("traceback", &e.traceback)?;
+    match &e.exception {
+        Some(v) if !v.pickle.is_empty() => {
+            d.set_item("exception", PyBytes::new(py, &v.pickle))?;
+            d.set_item("exception_buffers", bytes_list(py, &v.buffers)?)?;
+        }
+        _ => {
+            d.set_item("exception", py.None())?;
+            d.set_item("exception_buffers", PyList::empty(py))?;
+        }
+    }
+    d.set_item("resource_id", e.resource_id)?;
+    Ok(d)
+}
+
+fn run_dict<'py>(py: Python<'py>, r: &pb::RunClosureResponse) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("closure_id", r.closure_id)?;
+    match &r.outcome {
+        Some(pb::run_closure_response::Outcome::Result(v)) => {
+            d.set_item("value", PyBytes::new(py, &v.pickle))?;
+            d.set_item("buffers", bytes_list(py, &v.buffers)?)?;
+            d.set_item("error", py.None())?;
+        }
+        Some(pb::run_closure_response::Outcome::Error(e)) => {
+            d.set_item("value", py.None())?;
+            d.set_item("buffers", PyList::empty(py))?;
+            d.set_item("error", error_dict(py, e)?)?;
+        }
+        None => {
+            return Err(new_error(
+                py,
+                "InternalError",
+                format!(
+                    "the worker answered closure {} with neither a result nor an error",
+                    r.closure_id
+                ),
+            ))
+        }
+    }
+    Ok(d)
+}
+
+/// Blocking client for one worker (see `_core.pyi` for the Python-facing docs).
+#[pyclass(module = "jaxcluster._core", name = "WorkerClient", frozen)]
+pub struct PyWorkerClient {
+    inner: WorkerClient,
+    timeout: Option<Duration>,
+}
+
+impl PyWorkerClient {
+    fn control_timeout(&self, timeout: Option<f64>) -> PyResult<Option<Duration>> {
+        Ok(duration(timeout, "timeout")?.or(self.timeout))
+    }
+}
+
+#[pymethods]
+impl PyWorkerClient {
+    #[new]
+    #[pyo3(signature = (address, auth_token=None, timeout=Some(30.0), *, connect_timeout=10.0,
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES))]
+    fn new(
+        py: Python<'_>,
+        address: String,
+        auth_token: Option<String>,
+        timeout: Option<f64>,
+        connect_timeout: f64,
+        max_message_bytes: usize,
+    ) -> PyResult<Self> {
+        let mut config = ClientConfig::new(address);
+        config.auth_token = auth_token;
+        config.max_message_bytes = max_message_bytes;
+        config.connect_timeout =
+            duration(Some(connect_timeout), "connect_timeout")?.unwrap_or_default();
+        let timeout = duration(timeout, "timeout")?;
+        let rt = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let _guard = rt.enter();
+        let inner = WorkerClient::connect_lazy(&config).map_err(|e| rpc_error(py, &e))?;
+        Ok(Self { inner, timeout })
+    }
+
+    #[getter]
+    fn address(&self) -> &str {
+        self.inner.address()
+    }
+
+    #[pyo3(signature = (timeout=None))]
+    fn get_status<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let timeout = self.control_timeout(timeout)?;
+        let status = wait_for(py, self.inner.get_status(timeout))?;
+        status_dict(py, &status)
+    }
+
+    #[pyo3(signature = (timeout=None))]
+    fn list_devices<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let timeout = self.control_timeout(timeout)?;
+        let devices = wait_for(py, self.inner.list_devices(timeout))?;
+        let list = PyList::empty(py);
+        for device in devices {
+            let d = PyDict::new(py);
+            d.set_item("name", device.name)?;
+            d.set_item("device_type", device.device_type)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    #[pyo3(signature = (function_hash, kind, payload, *, timeout=None))]
+    fn register_function(
+        &self,
+        py: Python<'_>,
+        function_hash: PyBackedBytes,
+        kind: &str,
+        payload: PyBackedBytes,
+        timeout: Option<f64>,
+    ) -> PyResult<bool> {
+        let request = pb::RegisterFunctionRequest {
+            function_hash: to_bytes(function_hash),
+            kind: function_kind(kind)?.into(),
+            payload: to_bytes(payload),
+        };
+        let timeout = self.control_timeout(timeout)?;
+        let response = wait_for(py, self.inner.register_function(request, timeout))?;
+        Ok(response.already_registered)
+    }
+
+    #[pyo3(signature = (function_hash, args=None, buffers=Vec::new(), *, closure_id=0, timeout=None))]
+    fn run_closure<'py>(
+        &self,
+        py: Python<'py>,
+        function_hash: PyBackedBytes,
+        args: Option<PyBackedBytes>,
+        buffers: Vec<PyBackedBytes>,
+        closure_id: u64,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let request = pb::RunClosureRequest {
+            function_hash: to_bytes(function_hash),
+            args: value(args, buffers),
+            closure_id,
+        };
+        let timeout = duration(timeout, "timeout")?;
+        let response = wait_for(py, self.inner.run_closure(request, timeout))?;
+        run_dict(py, &response)
+    }
+
+    #[pyo3(signature = (resource_id, function_hash, args=None, buffers=Vec::new(), *, timeout=None))]
+    fn create_resource<'py>(
+        &self,
+        py: Python<'py>,
+        resource_id: u64,
+        function_hash: PyBackedBytes,
+        args: Option<PyBackedBytes>,
+        buffers: Vec<PyBackedBytes>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let request = pb::CreateResourceRequest {
+            resource_id,
+            function_hash: to_bytes(function_hash),
+            args: value(args, buffers),
+        };
+        let timeout = duration(timeout, "timeout")?;
+        let response = wait_for(py, self.inner.create_resource(request, timeout))?;
+        let d = PyDict::new(py);
+        d.set_item("resource_id", response.resource_id)?;
+        match &response.error {
+            Some(e) => d.set_item("error", error_dict(py, e)?)?,
+            None => d.set_item("error", py.None())?,
+        }
+        Ok(d)
+    }
+
+    #[pyo3(signature = (resource_ids, *, timeout=None))]
+    fn release_resource(
+        &self,
+        py: Python<'_>,
+        resource_ids: Vec<u64>,
+        timeout: Option<f64>,
+    ) -> PyResult<u32> {
+        let timeout = self.control_timeout(timeout)?;
+        wait_for(py, self.inner.release_resource(resource_ids, timeout))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("WorkerClient({:?})", self.inner.address())
+    }
+}

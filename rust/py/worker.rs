@@ -1,0 +1,425 @@
+//! `jaxcluster._core.WorkerServer` and `WorkerJob`: the Python executor's view of the Rust
+//! worker server. `next_job` waits with the GIL released; the GIL is held only while Python
+//! runs a job and while it builds the reply.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use super::client::{bytes_list, duration, status_dict, to_bytes};
+use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::rpc::pb;
+use crate::runtime::runtime;
+use crate::worker::{Job, JobReply, JobRequest, Pop, WorkerConfig, WorkerError, WorkerServer};
+
+/// Longest a blocking call waits before checking for signals.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// How long `shutdown` lets in-flight RPCs complete after closing the listener.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+fn worker_error(error: WorkerError) -> PyErr {
+    match error {
+        WorkerError::Config(message) => PyValueError::new_err(message),
+        WorkerError::Bind { .. } => PyOSError::new_err(error.to_string()),
+        WorkerError::Serve(message) => PyRuntimeError::new_err(message),
+    }
+}
+
+/// Waits in slices for `ready`, checking signals between them; `false` on timeout.
+fn wait_interruptibly(
+    py: Python<'_>,
+    timeout: Option<Duration>,
+    mut ready: impl FnMut(Duration) -> bool + Send,
+) -> PyResult<bool> {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let slice = deadline.map_or(SIGNAL_POLL, |d| {
+            d.saturating_duration_since(Instant::now()).min(SIGNAL_POLL)
+        });
+        if py.detach(|| ready(slice)) {
+            return Ok(true);
+        }
+        py.check_signals()?;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(false);
+        }
+    }
+}
+
+/// A worker's gRPC server (see `_core.pyi` for the Python-facing docs).
+#[pyclass(module = "jaxcluster._core", name = "WorkerServer", frozen)]
+pub struct PyWorkerServer {
+    inner: Arc<WorkerServer>,
+}
+
+#[pymethods]
+impl PyWorkerServer {
+    #[new]
+    #[pyo3(signature = (address="127.0.0.1:0", *, auth_token=None, worker_index=0,
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, devices=Vec::new(),
+                        jax_version=String::new(), platform=String::new()))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        address: &str,
+        auth_token: Option<String>,
+        worker_index: i64,
+        max_message_bytes: usize,
+        devices: Vec<(String, String)>,
+        jax_version: String,
+        platform: String,
+    ) -> PyResult<Self> {
+        let config = WorkerConfig {
+            address: address.to_owned(),
+            auth_token,
+            worker_index,
+            max_message_bytes,
+            devices: devices
+                .into_iter()
+                .map(|(name, device_type)| pb::Device { name, device_type })
+                .collect(),
+            jax_version,
+            platform,
+        };
+        let rt = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+        let server = py
+            .detach(|| rt.block_on(WorkerServer::start(config)))
+            .map_err(worker_error)?;
+        Ok(Self {
+            inner: Arc::new(server),
+        })
+    }
+
+    #[getter]
+    fn address(&self) -> String {
+        self.inner.local_addr().to_string()
+    }
+
+    #[getter]
+    fn port(&self) -> u16 {
+        self.inner.local_addr().port()
+    }
+
+    #[getter]
+    fn draining(&self) -> bool {
+        self.inner.is_draining()
+    }
+
+    #[pyo3(signature = (timeout=None))]
+    fn next_job(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyWorkerJob>> {
+        let timeout = duration(timeout, "timeout")?;
+        let mut found = None;
+        wait_interruptibly(py, timeout, |slice| match self.inner.next_job(slice) {
+            Pop::Empty => false,
+            other => {
+                found = Some(other);
+                true
+            }
+        })?;
+        match found {
+            None | Some(Pop::Empty | Pop::Drained) => Ok(None),
+            Some(Pop::Job(job)) => Ok(Some(PyWorkerJob::new(job))),
+            Some(Pop::Busy) => Err(PyRuntimeError::new_err(
+                "next_job() was called while the previous job is still unanswered; a worker \
+                 runs one job at a time, so answer it with reply_ok, reply_error or \
+                 reply_status first",
+            )),
+        }
+    }
+
+    fn begin_shutdown(&self) -> bool {
+        self.inner.begin_shutdown()
+    }
+
+    #[pyo3(signature = (timeout=None))]
+    fn wait_idle(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = duration(timeout, "timeout")?;
+        let server = &self.inner;
+        wait_interruptibly(py, timeout, |slice| server.wait_idle(slice))
+    }
+
+    #[pyo3(signature = (timeout=None))]
+    fn shutdown(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        self.inner.begin_shutdown();
+        let idle = self.wait_idle(py, timeout)?;
+        if let Some(task) = self.inner.stop_serving() {
+            let rt = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            let abort = task.abort_handle();
+            let finished =
+                py.detach(|| rt.block_on(async { tokio::time::timeout(STOP_GRACE, task).await }));
+            match finished {
+                Ok(Ok(Err(e))) => return Err(worker_error(WorkerError::Serve(e.to_string()))),
+                // Stopped cleanly, or aborted/panicked: the server is gone either way.
+                Ok(Ok(Ok(())) | Err(_)) => {}
+                Err(_elapsed) => abort.abort(),
+            }
+        }
+        Ok(idle)
+    }
+
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        status_dict(py, &self.inner.status())
+    }
+
+    fn __repr__(&self) -> String {
+        format!("WorkerServer(address={:?})", self.address())
+    }
+}
+
+/// One request taken by the executor (see `_core.pyi`).
+#[pyclass(module = "jaxcluster._core", name = "WorkerJob", frozen)]
+pub struct PyWorkerJob {
+    request: JobRequest,
+    job: Mutex<Option<Job>>,
+}
+
+fn closure_error_kind(kind: &str) -> PyResult<pb::ErrorKind> {
+    match kind {
+        "user" => Ok(pb::ErrorKind::User),
+        "input" => Ok(pb::ErrorKind::Input),
+        "function_load" => Ok(pb::ErrorKind::FunctionLoad),
+        "infrastructure" => Ok(pb::ErrorKind::Infrastructure),
+        other => Err(PyValueError::new_err(format!(
+            "error kind {other:?} is not known; expected 'user', 'input', 'function_load' or \
+             'infrastructure'"
+        ))),
+    }
+}
+
+fn status_code(code: &str) -> PyResult<tonic::Code> {
+    use tonic::Code;
+    Ok(match code {
+        "INVALID_ARGUMENT" => Code::InvalidArgument,
+        "NOT_FOUND" => Code::NotFound,
+        "FAILED_PRECONDITION" => Code::FailedPrecondition,
+        "RESOURCE_EXHAUSTED" => Code::ResourceExhausted,
+        "UNAVAILABLE" => Code::Unavailable,
+        "ABORTED" => Code::Aborted,
+        "CANCELLED" => Code::Cancelled,
+        "DEADLINE_EXCEEDED" => Code::DeadlineExceeded,
+        "INTERNAL" => Code::Internal,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "status code {other:?} is not one a worker answers with; expected one of \
+                 INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED, \
+                 UNAVAILABLE, ABORTED, CANCELLED, DEADLINE_EXCEEDED, INTERNAL"
+            )))
+        }
+    })
+}
+
+impl PyWorkerJob {
+    fn new(job: Job) -> Self {
+        Self {
+            request: job.request().clone(),
+            job: Mutex::new(Some(job)),
+        }
+    }
+
+    fn take(&self) -> PyResult<Job> {
+        self.job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("this job has already been answered"))
+    }
+
+    fn args_value(&self) -> Option<&pb::Value> {
+        match &self.request {
+            JobRequest::Run { args, .. } | JobRequest::CreateResource { args, .. } => {
+                args.as_ref().filter(|v| !v.pickle.is_empty())
+            }
+            JobRequest::ReleaseResource { .. } => None,
+        }
+    }
+
+    fn function(&self) -> Option<&crate::worker::store::StoredFunction> {
+        match &self.request {
+            JobRequest::Run { function, .. } | JobRequest::CreateResource { function, .. } => {
+                Some(function)
+            }
+            JobRequest::ReleaseResource { .. } => None,
+        }
+    }
+}
+
+#[pymethods]
+impl PyWorkerJob {
+    #[getter]
+    fn kind(&self) -> &'static str {
+        match self.request {
+            JobRequest::Run { .. } => "run",
+            JobRequest::CreateResource { .. } => "create_resource",
+            JobRequest::ReleaseResource { .. } => "release_resource",
+        }
+    }
+
+    #[getter]
+    fn closure_id(&self) -> Option<u64> {
+        match self.request {
+            JobRequest::Run { closure_id, .. } => Some(closure_id),
+            _ => None,
+        }
+    }
+
+    #[getter]
+    fn resource_id(&self) -> Option<u64> {
+        match self.request {
+            JobRequest::CreateResource { resource_id, .. } => Some(resource_id),
+            _ => None,
+        }
+    }
+
+    #[getter]
+    fn resource_ids(&self) -> Vec<u64> {
+        match &self.request {
+            JobRequest::ReleaseResource { resource_ids } => resource_ids.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    #[getter]
+    fn function_hash<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.function().map(|f| PyBytes::new(py, &f.hash))
+    }
+
+    #[getter]
+    fn function_kind(&self) -> Option<&'static str> {
+        self.function().map(|f| match f.kind {
+            pb::FunctionKind::JaxExport => "jax_export",
+            _ => "cloudpickle",
+        })
+    }
+
+    #[getter]
+    fn function_payload<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.function().map(|f| PyBytes::new(py, &f.payload))
+    }
+
+    #[getter]
+    fn args<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+        self.args_value().map(|v| PyBytes::new(py, &v.pickle))
+    }
+
+    #[getter]
+    fn buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        match self.args_value() {
+            Some(v) => bytes_list(py, &v.buffers),
+            None => Ok(PyList::empty(py)),
+        }
+    }
+
+    #[getter]
+    fn replied(&self) -> bool {
+        self.job
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
+
+    #[pyo3(signature = (value=None, buffers=Vec::new(), *, released=0))]
+    fn reply_ok(
+        &self,
+        value: Option<PyBackedBytes>,
+        buffers: Vec<PyBackedBytes>,
+        released: u32,
+    ) -> PyResult<()> {
+        let reply = match &self.request {
+            JobRequest::Run { closure_id, .. } => {
+                let Some(pickle) = value else {
+                    return Err(PyValueError::new_err(
+                        "reply_ok() for a 'run' job needs the pickled result as `value`",
+                    ));
+                };
+                JobReply::Run(pb::RunClosureResponse {
+                    closure_id: *closure_id,
+                    outcome: Some(pb::run_closure_response::Outcome::Result(pb::Value {
+                        pickle: to_bytes(pickle),
+                        buffers: buffers.into_iter().map(to_bytes).collect(),
+                    })),
+                })
+            }
+            JobRequest::CreateResource { resource_id, .. } => {
+                JobReply::CreateResource(pb::CreateResourceResponse {
+                    resource_id: *resource_id,
+                    error: None,
+                })
+            }
+            JobRequest::ReleaseResource { .. } => {
+                JobReply::ReleaseResource(pb::ReleaseResourceResponse { released })
+            }
+        };
+        self.take()?.reply(reply);
+        Ok(())
+    }
+
+    #[pyo3(signature = (kind, type_name, module, message, traceback, *, exception=None,
+                        exception_buffers=Vec::new(), resource_id=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn reply_error(
+        &self,
+        kind: &str,
+        type_name: String,
+        module: String,
+        message: String,
+        traceback: String,
+        exception: Option<PyBackedBytes>,
+        exception_buffers: Vec<PyBackedBytes>,
+        resource_id: Option<u64>,
+    ) -> PyResult<()> {
+        let error = pb::ClosureError {
+            kind: closure_error_kind(kind)?.into(),
+            type_name,
+            module,
+            message,
+            traceback,
+            exception: exception.map(|pickle| pb::Value {
+                pickle: to_bytes(pickle),
+                buffers: exception_buffers.into_iter().map(to_bytes).collect(),
+            }),
+            resource_id,
+        };
+        let reply = match &self.request {
+            JobRequest::Run { closure_id, .. } => JobReply::Run(pb::RunClosureResponse {
+                closure_id: *closure_id,
+                outcome: Some(pb::run_closure_response::Outcome::Error(error)),
+            }),
+            JobRequest::CreateResource { resource_id, .. } => {
+                JobReply::CreateResource(pb::CreateResourceResponse {
+                    resource_id: *resource_id,
+                    error: Some(error),
+                })
+            }
+            JobRequest::ReleaseResource { .. } => {
+                return Err(PyValueError::new_err(
+                    "a 'release_resource' job cannot carry a closure error; use reply_status",
+                ))
+            }
+        };
+        self.take()?.reply(reply);
+        Ok(())
+    }
+
+    fn reply_status(&self, code: &str, message: &str) -> PyResult<()> {
+        let code = status_code(code)?;
+        self.take()?.reply_status(tonic::Status::new(code, message));
+        Ok(())
+    }
+
+    fn __repr__(&self) -> String {
+        let id = self
+            .closure_id()
+            .or(self.resource_id())
+            .map_or(String::new(), |id| format!(", id={id}"));
+        format!(
+            "WorkerJob(kind={:?}{id}, replied={})",
+            self.kind(),
+            self.replied()
+        )
+    }
+}

@@ -1,0 +1,133 @@
+"""A plain grpcio client, with stubs compiled from the proto at test time, talks to a worker."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pytest
+
+from jaxcluster import wire
+from support.workers import WorkerProc, running_worker
+
+grpc = pytest.importorskip("grpc")
+protoc = pytest.importorskip("grpc_tools.protoc")
+
+PROTO = Path(__file__).resolve().parents[1] / "protos" / "jaxcluster" / "v1" / "worker.proto"
+TOKEN = "interop-token"
+INDEX = 6
+
+
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType]]:
+    # Compiled from a copy at the include root, so the generated modules are top-level
+    # (`worker_pb2`) rather than `jaxcluster.v1.*`, which would collide with this package.
+    # The proto package, and so every RPC path on the wire, is unchanged.
+    out = tmp_path_factory.mktemp("grpc_stubs")
+    shutil.copy(PROTO, out / "jaxcluster_worker.proto")
+    code = protoc.main(
+        [
+            "grpc_tools.protoc",
+            f"-I{out}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            str(out / "jaxcluster_worker.proto"),
+        ]
+    )
+    assert code == 0, "grpc_tools.protoc failed to compile worker.proto"
+    sys.path.insert(0, str(out))
+    try:
+        pb2 = importlib.import_module("jaxcluster_worker_pb2")
+        pb2_grpc = importlib.import_module("jaxcluster_worker_pb2_grpc")
+        yield pb2, pb2_grpc
+    finally:
+        sys.path.remove(str(out))
+
+
+@pytest.fixture(scope="module")
+def worker() -> Iterator[WorkerProc]:
+    with running_worker(["--index", str(INDEX), "--max-message-bytes", "65536"], token=TOKEN) as w:
+        yield w
+
+
+@pytest.fixture
+def stub(worker: WorkerProc, stubs: tuple[ModuleType, ModuleType]) -> Iterator[Any]:
+    channel = grpc.insecure_channel(worker.address)
+    try:
+        yield stubs[1].WorkerStub(channel)
+    finally:
+        channel.close()
+
+
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+
+
+def test_get_status_and_list_devices(stub: Any, stubs: tuple[ModuleType, ModuleType]) -> None:
+    pb2 = stubs[0]
+    status = stub.GetStatus(pb2.GetStatusRequest(), metadata=AUTH, timeout=30)
+    assert status.worker_index == INDEX
+    assert status.state == pb2.SERVING_STATE_SERVING
+    assert status.jax_version and status.platform == "cpu"
+    assert status.protocol_revision == 1
+    devices = stub.ListDevices(pb2.ListDevicesRequest(), metadata=AUTH, timeout=30).devices
+    assert len(devices) >= 1
+    assert all(d.device_type == "CPU" for d in devices)
+    assert devices[0].name.startswith("/job:worker/replica:0/task:")
+    assert devices[0].name.endswith("/device:CPU:0")
+
+
+def test_a_closure_round_trips_through_grpcio(
+    stub: Any, stubs: tuple[ModuleType, ModuleType]
+) -> None:
+    pb2 = stubs[0]
+    payload = wire.function_payload(lambda a: a[::-1] * 2)
+    stub.RegisterFunction(
+        pb2.RegisterFunctionRequest(
+            function_hash=payload.function_hash,
+            kind=pb2.FUNCTION_KIND_CLOUDPICKLE,
+            payload=payload.payload,
+        ),
+        metadata=AUTH,
+        timeout=30,
+    )
+    args = wire.encode(((np.arange(5),), {}))
+    reply = stub.RunClosure(
+        pb2.RunClosureRequest(
+            function_hash=payload.function_hash,
+            args=pb2.Value(pickle=args.pickle, buffers=args.buffers),
+            closure_id=77,
+        ),
+        metadata=AUTH,
+        timeout=30,
+    )
+    assert reply.closure_id == 77 and reply.WhichOneof("outcome") == "result"
+    result = wire.decode(reply.result.pickle, list(reply.result.buffers))
+    np.testing.assert_array_equal(result, np.arange(5)[::-1] * 2)
+
+
+def test_status_codes_reach_grpcio_clients(stub: Any, stubs: tuple[ModuleType, ModuleType]) -> None:
+    pb2 = stubs[0]
+    with pytest.raises(grpc.RpcError) as missing:
+        stub.GetStatus(pb2.GetStatusRequest(), timeout=30)
+    assert missing.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as unknown:
+        stub.RunClosure(pb2.RunClosureRequest(function_hash=b"\0" * 32), metadata=AUTH, timeout=30)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    with pytest.raises(grpc.RpcError) as malformed:
+        stub.RunClosure(pb2.RunClosureRequest(function_hash=b"\0" * 3), metadata=AUTH, timeout=30)
+    assert malformed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    oversized = pb2.RunClosureRequest(
+        function_hash=b"\0" * 32, args=pb2.Value(pickle=b"\x80\x05N.", buffers=[b"x" * 100_000])
+    )
+    with pytest.raises(grpc.RpcError) as too_big:
+        stub.RunClosure(oversized, metadata=AUTH, timeout=30)
+    assert too_big.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # Still serving after all of that.
+    status = stub.GetStatus(pb2.GetStatusRequest(), metadata=AUTH, timeout=30)
+    assert status.worker_index == INDEX
