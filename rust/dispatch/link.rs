@@ -343,10 +343,9 @@ impl<T: WorkerTransport> Link<T> {
 
     fn give_up(&mut self, bound: Duration) {
         let reason = format!(
-            "gave up on worker {} after it did not answer for {:.0} s \
+            "gave up on worker {} after it did not answer for {bound:?} \
              (JAXCLUSTER_WORKER_RECOVERY_SEC / recovery_timeout)",
             self.address(),
-            bound.as_secs_f64()
         );
         self.shared.links[self.index].set(LinkState::GivenUp, Some(reason));
         for resource in self.shared.resources.live() {
@@ -370,10 +369,10 @@ impl<T: WorkerTransport> Link<T> {
                 Work::Closure(closure) => {
                     let message = format!(
                         "closure {} could not run: all {links} workers were given up after not \
-                         answering for {:.0} s (JAXCLUSTER_WORKER_RECOVERY_SEC / \
+                         answering for {:?} (JAXCLUSTER_WORKER_RECOVERY_SEC / \
                          recovery_timeout)",
                         closure.id(),
-                        self.shared.config.recovery_timeout.as_secs_f64()
+                        self.shared.config.recovery_timeout
                     );
                     let failure =
                         ClosureFailure::infra(tonic::Code::Unavailable, message, self.address());

@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 
 mod client;
+mod dispatch;
 mod errors;
 mod queue;
 mod worker;
@@ -14,5 +15,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorkerServer>()?;
     m.add_class::<worker::PyWorkerJob>()?;
     m.add_class::<client::PyWorkerClient>()?;
+    m.add_class::<dispatch::PyDispatcher>()?;
+    m.add_class::<dispatch::PyResultCell>()?;
+    m.add_class::<dispatch::PyPerWorkerResource>()?;
     Ok(())
 }
