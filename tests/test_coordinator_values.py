@@ -190,6 +190,17 @@ def test_per_worker_values_travel_as_placeholders_the_worker_resolves() -> None:
     assert kwargs == {"k": "iterator-12"}
 
 
+def test_placeholders_also_work_through_plain_pickle() -> None:
+    values = PerWorkerValues([0, 1])
+    encoded, resources = encode_args((values, np.arange(3)), {}, lambda v: _Resource(5))
+    assert [r.id for r in resources] == [5]
+    (element, array), _ = wire.decode(
+        encoded.pickle, encoded.buffers, resolve_resource={5: "mine"}.__getitem__
+    )
+    assert element == "mine"
+    np.testing.assert_array_equal(array, [0, 1, 2])
+
+
 def test_a_remote_value_anywhere_in_the_arguments_is_a_value_error() -> None:
     rv = RemoteValue(_Cell())
     with pytest.raises(ValueError, match="RemoteValue was passed as an argument"):
