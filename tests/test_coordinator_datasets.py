@@ -10,8 +10,20 @@ from typing import Any
 import pytest
 
 from jaxcluster import errors
-from jaxcluster.coordinator import ClusterCoordinator, PerWorkerValues, get_current_worker_index
-from support.closures import barrier, local_cluster, wait_until, worker_status
+from jaxcluster.coordinator import (
+    ClusterCoordinator,
+    PerWorkerValues,
+    RemoteValueStatus,
+    get_current_worker_index,
+)
+from support.closures import (
+    barrier,
+    gated_square,
+    local_cluster,
+    wait_for_file,
+    wait_until,
+    worker_status,
+)
 
 NUM_WORKERS = 2
 
@@ -28,6 +40,11 @@ def take(iterator: Iterator[Any]) -> tuple[Any, int]:
 
 def take_two(first: Iterator[Any], second: Iterator[Any]) -> tuple[Any, Any]:
     return next(first), next(second)
+
+
+def fail_at_gate(gate: str) -> None:
+    wait_for_file(gate)
+    raise RuntimeError("one bad step")
 
 
 def broken_dataset() -> list[int]:
@@ -148,15 +165,15 @@ def test_iterators_still_work_after_a_cancellation(
 ) -> None:
     iterator = iter(coordinator.create_per_worker_dataset(lambda: iter(range(1000))))
     assert coordinator.schedule(next, args=(iterator,)).fetch() == 0
-
-    def fail() -> None:
-        raise RuntimeError("one bad step")
-
-    coordinator.schedule(fail)
-    for _ in range(20):
-        coordinator.schedule(next, args=(iterator,))
+    gate = tmp_path / "gate"
+    # Both workers busy until the gate opens; then one fails and the rest is cancelled.
+    coordinator.schedule(fail_at_gate, args=(str(gate),))
+    coordinator.schedule(gated_square, args=(str(tmp_path), 1, str(gate)))
+    queued = [coordinator.schedule(next, args=(iterator,)) for _ in range(20)]
+    gate.touch()
     with pytest.raises(RuntimeError, match="one bad step"):
         coordinator.join()
+    assert any(rv.status is RemoteValueStatus.ABORTED for rv in queued)
     values = coordinator.fetch([coordinator.schedule(next, args=(iterator,)) for _ in range(4)])
     assert all(isinstance(v, int) and v > 0 for v in values)
 

@@ -173,7 +173,7 @@ def test_malformed_result_tuples_are_rejected() -> None:
 
 class _Resource:
     def __init__(self, resource_id: int) -> None:
-        self.id = resource_id
+        self.resource_id = resource_id
 
 
 def test_per_worker_values_travel_as_placeholders_the_worker_resolves() -> None:
@@ -181,7 +181,7 @@ def test_per_worker_values_travel_as_placeholders_the_worker_resolves() -> None:
     handles = {id(first): _Resource(11), id(second): _Resource(12)}
     args = ({"a": first, "nested": [first, second]}, (lambda: None))  # forces cloudpickle
     encoded, resources = encode_args(args, {"k": second}, lambda v: handles[id(v)])
-    assert [r.id for r in resources] == [11, 12]
+    assert [r.resource_id for r in resources] == [11, 12]
     elements = {11: "iterator-11", 12: "iterator-12"}
     (a, _fn), kwargs = wire.decode(
         encoded.pickle, encoded.buffers, resolve_resource=elements.__getitem__
@@ -193,7 +193,7 @@ def test_per_worker_values_travel_as_placeholders_the_worker_resolves() -> None:
 def test_placeholders_also_work_through_plain_pickle() -> None:
     values = PerWorkerValues([0, 1])
     encoded, resources = encode_args((values, np.arange(3)), {}, lambda v: _Resource(5))
-    assert [r.id for r in resources] == [5]
+    assert [r.resource_id for r in resources] == [5]
     (element, array), _ = wire.decode(
         encoded.pickle, encoded.buffers, resolve_resource={5: "mine"}.__getitem__
     )

@@ -149,9 +149,10 @@ def test_killed_while_per_worker_iterators_are_rebuilt(tmp_path: Path) -> None:
         cluster.kill_worker(1)
         cluster.restart_worker(1)
         pid = cluster.worker_pid(1)
-        # The restarted worker is rebuilding the iterator (blocked); kill it right there.
-        wait_until(lambda: (builds / f"building.{pid}").exists(), "the rebuild to start")
+        # The link finds the new incarnation when it next has work, and rebuilds the
+        # iterator there (blocked by "hold") before serving; kill the worker right then.
         rvs = [coordinator.schedule(next, args=(iterator,)) for _ in range(20)]
+        wait_until(lambda: (builds / f"building.{pid}").exists(), "the rebuild to start")
         cluster.kill_worker(1)
         (builds / "release").touch()
         assert coordinator.join() is True

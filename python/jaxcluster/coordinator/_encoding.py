@@ -29,7 +29,7 @@ class _Context:
         self.remote_value: Any = None
 
     def add(self, resource: Any) -> int:
-        resource_id = int(resource.id)
+        resource_id = int(resource.resource_id)
         if resource_id not in self._ids:  # a second pickling attempt meets it again
             self._ids.add(resource_id)
             self.resources.append(resource)

@@ -268,13 +268,7 @@ class ClusterCoordinator:
         return self._dispatcher.create_resource(function.function_hash)
 
     def _resource_for(self, value: PerWorkerValues) -> Any:
-        resource = value._resource_for(self)
-        if not hasattr(resource, "id"):
-            raise RuntimeError(
-                "this build's PerWorkerResource has no 'id'; the Python coordinator needs it "
-                "to place per-worker values in closure arguments (rebuild jaxcluster._core)"
-            )
-        return resource
+        return value._resource_for(self)
 
     def _platforms(self) -> tuple[str, ...]:
         """The workers' JAX platforms, for exports (this process's backend if unknown)."""
