@@ -45,6 +45,29 @@
 //! it forgets which functions the worker held and rebuilds every live resource before
 //! serving again. After the recovery bound it is `given_up`; once every link has given up,
 //! whatever remains or is scheduled later fails with `UNAVAILABLE` instead of hanging.
+//!
+//! # Where this differs from the design contract, and why
+//!
+//! - The queue holds `Work`, not bare closures: per-worker resource builds and releases
+//!   must travel as tagged items of the same queue, so they are served before that
+//!   worker's next closure and wake its blocked link.
+//! - A `RunClosure` that ends in an RPC error other than `UNAVAILABLE` (e.g. `INTERNAL`
+//!   from a connection reset) is a worker failure only if a `GetStatus` probe finds the
+//!   worker gone or restarted (a different `pid`); otherwise it is the closure's error. A
+//!   `NOT_FOUND` function or a missing resource triggers the same probe, so a worker that
+//!   restarted between two closures is rebuilt rather than failing them.
+//! - A worker-reported `ERROR_KIND_INFRASTRUCTURE` puts the closure back up to three times,
+//!   then fails it as `infra:INTERNAL`, so a deterministic executor bug cannot loop
+//!   forever. `ERROR_KIND_FUNCTION_LOAD` counts as a user error: the user's own exception
+//!   (e.g. `ModuleNotFoundError` on the worker) says the most.
+//! - After a `closure_timeout` the closure goes back to the queue while its worker is
+//!   polled until idle, so another idle worker takes it; with a single worker the retry
+//!   runs there once it is idle.
+//! - Scheduling with a released per-worker resource is refused at once (`InvalidArgument`)
+//!   instead of failing when the closure runs; a release racing a queued closure still
+//!   fails that closure with an input error.
+//! - The staggered-start aliases are `JAXCLUSTER_COORDINATOR_SCHEDULE_START_DELAY(_MAX)`;
+//!   they win over the `TF_` names, and fractional seconds are accepted.
 
 mod closure;
 pub mod config;

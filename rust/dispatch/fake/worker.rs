@@ -291,20 +291,32 @@ impl FakeTransport {
             self.worker().kill();
             return Err(self.worker().down());
         }
-        let task = tokio::spawn({
-            let cluster = Arc::clone(&self.cluster);
-            let index = self.index;
-            let live = live.clone();
-            async move {
-                tokio::select! {
-                    response = execute(cluster, index, behaviour, request) => Some(response),
-                    () = died(live, incarnation) => None,
+        let waits = matches!(
+            behaviour,
+            Behaviour::Sleep(_) | Behaviour::Gate(_) | Behaviour::GateRaise(_)
+        );
+        let response = if waits {
+            // In its own task, so it keeps running when the caller stops waiting, as a
+            // Python closure does on a real worker after the RPC's deadline.
+            let task = tokio::spawn({
+                let cluster = Arc::clone(&self.cluster);
+                let index = self.index;
+                let live = live.clone();
+                async move {
+                    tokio::select! {
+                        response = execute(cluster, index, behaviour, request) => Some(response),
+                        () = died(live, incarnation) => None,
+                    }
                 }
+            });
+            tokio::select! {
+                response = task => response.ok().flatten(),
+                () = died(live, incarnation) => None,
             }
-        });
-        let response = tokio::select! {
-            response = task => response.ok().flatten(),
-            () = died(live, incarnation) => None,
+        } else {
+            // Instantaneous behaviours run inline: no task hand-off, so benchmarks measure
+            // the dispatcher rather than the fake.
+            Some(execute(Arc::clone(&self.cluster), self.index, behaviour, request).await)
         };
         if let Some(down_for) = crash_after {
             // The closure ran, but its worker died before answering.
