@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 import threading
 import types
@@ -67,16 +68,25 @@ class SerializedFunction:
         return cls(wire.content_hash(payload), kind, payload, note)
 
 
+_jit_types: dict[type, bool] = {}
+
+
 def is_jitted(fn: Any) -> bool:
     """Whether ``fn`` is a ``jax.jit`` function (only checked if JAX is already imported)."""
+    kind = type(fn)
+    known = _jit_types.get(kind)
+    if known is not None:
+        return known
     jax = sys.modules.get("jax")
     if jax is None:
         return False
-    stages = getattr(jax, "stages", None)
-    wrapped = getattr(stages, "Wrapped", None)
-    if wrapped is not None and isinstance(fn, wrapped):
-        return True
-    return callable(getattr(fn, "lower", None)) and callable(getattr(fn, "trace", None))
+    # The Protocol isinstance check costs tens of microseconds: decide once per type.
+    wrapped = getattr(getattr(jax, "stages", None), "Wrapped", None)
+    jitted = (wrapped is not None and isinstance(fn, wrapped)) or (
+        callable(getattr(fn, "lower", None)) and callable(getattr(fn, "trace", None))
+    )
+    _jit_types[kind] = jitted
+    return jitted
 
 
 def _global_names(code: types.CodeType) -> tuple[str, ...]:
@@ -88,81 +98,77 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-_names_by_code: weakref.WeakKeyDictionary[types.CodeType, tuple[str, ...]] = (
-    weakref.WeakKeyDictionary()
-)
+# Code objects are shared by every closure made from one definition, so this stays small.
+_names_by_code: dict[types.CodeType, tuple[str, ...]] = {}
 
 
 def _captured(fn: types.FunctionType) -> tuple[Any, ...]:
-    """Everything a cloudpickle of ``fn`` depends on, compared by identity."""
+    """Everything a cloudpickle of ``fn`` depends on, flat, to be compared by identity: the
+    code object, defaults, closure cell contents and the globals its code names."""
     code = fn.__code__
     names = _names_by_code.get(code)
     if names is None:
         names = _names_by_code[code] = _global_names(code)
     globals_ = fn.__globals__
     missing = _captured  # a sentinel no global can be
-    cells = tuple(c.cell_contents if _cell_set(c) else missing for c in fn.__closure__ or ())
-    return (
-        code,
-        fn.__defaults__,
-        fn.__kwdefaults__,
-        cells,
-        tuple(globals_.get(name, missing) for name in names),
-    )
-
-
-def _cell_set(cell: types.CellType) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises ValueError
-    except ValueError:
-        return False
-    return True
+    captured = [code, fn.__defaults__, fn.__kwdefaults__]
+    for cell in fn.__closure__ or ():
+        try:
+            captured.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            captured.append(missing)
+    captured.extend([globals_.get(name, missing) for name in names])
+    return tuple(captured)
 
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b, strict=True):
-        if type(x) is tuple and type(y) is tuple:
-            if not _same(x, y):
-                return False
-        elif x is not y:
-            return False
-    return True
+    # Same code object first, so both tuples have the same layout.
+    return len(a) == len(b) and all(map(operator.is_, a, b))
 
 
-def _leaf_spec(leaf: Any, jax: Any, np: Any) -> Any:
-    """A ``ShapeDtypeStruct`` for an array-like leaf, or ``None`` for anything else."""
+def _leaf_key(leaf: Any, jax: Any, np: Any) -> tuple[tuple[int, ...], Any, bool] | None:
+    """``(shape, dtype, weak_type)`` of an array-like leaf, or ``None`` for anything else."""
+    if isinstance(leaf, np.ndarray):
+        return (leaf.shape, leaf.dtype, False) if leaf.dtype.kind in "biufc" else None
     if isinstance(leaf, jax.Array):
-        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, weak_type=leaf.weak_type)
-    if isinstance(leaf, (np.ndarray, np.generic)):
-        if leaf.dtype.kind not in "biufc":
-            return None
-        return jax.ShapeDtypeStruct(leaf.shape, jax.dtypes.canonicalize_dtype(leaf.dtype))
+        return leaf.shape, leaf.dtype, leaf.weak_type
+    if isinstance(leaf, np.generic):
+        return ((), leaf.dtype, False) if leaf.dtype.kind in "biufc" else None
     if type(leaf) in _SCALARS:
         # Python scalars are weakly typed under jit; keep that so promotion matches.
-        dtype = jax.dtypes.canonicalize_dtype(np.asarray(leaf).dtype)
-        return jax.ShapeDtypeStruct((), dtype, weak_type=True)
+        return (), np.asarray(leaf).dtype, True
     return None
 
 
 def _signature(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[Any, Any] | str:
-    """``(key, (arg_specs, kwarg_specs))`` for an export, or why there can be none."""
+    """The argument signature ``(treedef, leaf keys)`` of an export, or why there can be
+    none. Cheap: specs are only built (by :func:`_specs`) when a new export is needed."""
     import jax
     import numpy as np
 
     leaves, treedef = jax.tree_util.tree_flatten((tuple(args), dict(kwargs)))
-    specs = []
+    keys = []
     for leaf in leaves:
-        spec = _leaf_spec(leaf, jax, np)
-        if spec is None:
+        key = _leaf_key(leaf, jax, np)
+        if key is None:
             return (
                 f"argument leaf of type {type(leaf).__qualname__} is not an array, so "
                 "jax.export cannot take it"
             )
-        specs.append(spec)
-    key = (treedef, tuple((s.shape, str(s.dtype), s.weak_type) for s in specs))
-    return key, jax.tree_util.tree_unflatten(treedef, specs)
+        keys.append(key)
+    return treedef, tuple(keys)
+
+
+def _specs(key: tuple[Any, Any]) -> Any:
+    """The ``(arg_specs, kwarg_specs)`` of ``ShapeDtypeStruct``s for a signature key."""
+    import jax
+
+    treedef, leaves = key
+    specs = [
+        jax.ShapeDtypeStruct(shape, jax.dtypes.canonicalize_dtype(dtype), weak_type=weak)
+        for shape, dtype, weak in leaves
+    ]
+    return jax.tree_util.tree_unflatten(treedef, specs)
 
 
 class FunctionSerializer:
@@ -185,6 +191,7 @@ class FunctionSerializer:
         self._pickled = weakref.WeakKeyDictionary()
         self._exported: weakref.WeakKeyDictionary[Any, dict[Any, SerializedFunction]]
         self._exported = weakref.WeakKeyDictionary()
+        self._noted: weakref.WeakSet[Any] = weakref.WeakSet()  # fallbacks already logged
         self.exports = 0  # how many jax.export calls were made (each a cache miss)
 
     def serialize(
@@ -193,11 +200,12 @@ class FunctionSerializer:
         """The payload to run ``fn(*args, **kwargs)`` on a worker."""
         if not callable(fn):
             raise TypeError(f"schedule() needs a callable fn, got {type(fn).__qualname__}: {fn!r}")
-        if is_jitted(fn):
+        jitted = is_jitted(fn)
+        if jitted:
             exported = self._export(fn, args, kwargs)
             if exported is not None:
                 return exported
-        return self._pickle(fn)
+        return self._pickle(fn, jitted)
 
     def _export(
         self, fn: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
@@ -207,12 +215,12 @@ class FunctionSerializer:
             self._note_fallback(fn, signature)
             return None
         platforms = tuple(self._platforms())
-        key = (signature[0], platforms)
+        key = (signature, platforms)
         with self._lock:
             cached = self._exported.get(fn, {}).get(key)
         if cached is not None:
             return cached
-        arg_specs, kwarg_specs = signature[1]
+        arg_specs, kwarg_specs = _specs(signature)
         try:
             from jax import export
 
@@ -228,6 +236,10 @@ class FunctionSerializer:
         return result
 
     def _note_fallback(self, fn: Any, why: str) -> None:
+        with self._lock:
+            if fn in self._noted:
+                return
+            self._noted.add(fn)
         _log.info(
             "sending jax.jit function %s to the workers as a cloudpickle, not a jax.export: "
             "%s; it will be traced and compiled on each worker",
@@ -235,8 +247,8 @@ class FunctionSerializer:
             why,
         )
 
-    def _pickle(self, fn: Callable[..., Any]) -> SerializedFunction:
-        inner = getattr(fn, "__wrapped__", fn) if is_jitted(fn) else fn
+    def _pickle(self, fn: Callable[..., Any], jitted: bool) -> SerializedFunction:
+        inner = getattr(fn, "__wrapped__", fn) if jitted else fn
         if not isinstance(inner, types.FunctionType):
             # Callable objects, partials, bound methods: their state can change between
             # calls and cannot be checked cheaply, so they are pickled every time.
