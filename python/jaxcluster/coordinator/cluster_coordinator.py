@@ -127,7 +127,7 @@ class ClusterCoordinator:
             self._addresses,
             auth_token=token,
             max_queue_size=max_queue_size,
-            error_policy=error_policy,
+            error_policy=error_policy,  # type: ignore[arg-type]  # checked above
             closure_timeout=None if closure_timeout is None else float(closure_timeout),
         )
         self._functions = FunctionSerializer(self._platforms)

@@ -111,7 +111,7 @@ def _captured(fn: types.FunctionType) -> tuple[Any, ...]:
         names = _names_by_code[code] = _global_names(code)
     globals_ = fn.__globals__
     missing = _captured  # a sentinel no global can be
-    captured = [code, fn.__defaults__, fn.__kwdefaults__]
+    captured: list[Any] = [code, fn.__defaults__, fn.__kwdefaults__]
     for cell in fn.__closure__ or ():
         try:
             captured.append(cell.cell_contents)
