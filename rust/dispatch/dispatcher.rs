@@ -1,6 +1,6 @@
 //! [`Dispatcher`]: the public face of the dispatcher and the state its links share.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -41,6 +41,10 @@ pub(crate) struct Shared {
     pub stop: watch::Sender<bool>,
     /// How many links have given up.
     pub given_up: watch::Sender<usize>,
+    /// A closure failed under `cancel_all` and the error was not raised yet: links start
+    /// no closure meanwhile (each one they take is handed back, hence cancelled), so every
+    /// closure queued when a closure failed ends cancelled, never run.
+    pub failure_pending: AtomicBool,
 }
 
 impl Shared {
@@ -140,6 +144,7 @@ impl Dispatcher {
             links,
             stop: watch::Sender::new(false),
             given_up: watch::Sender::new(0),
+            failure_pending: AtomicBool::new(false),
         });
         let dispatcher = Self {
             shared: Arc::clone(&shared),
@@ -247,10 +252,11 @@ impl Dispatcher {
         closure: Closure,
         policy: &mut WaitPolicy<'_>,
     ) -> Result<(), DispatchError> {
-        self.shared
+        let queued = self
+            .shared
             .queue
-            .put_with(Work::Closure(closure), None, policy)
-            .map_err(from_queue)
+            .put_with(Work::Closure(closure), None, policy);
+        self.raised(queued)
     }
 
     /// Builds and queues a closure, waiting as long as the queue is full.
@@ -309,13 +315,27 @@ impl Dispatcher {
     /// Waits per `policy` until nothing is queued or running: `Ok(true)`, `Ok(false)` when
     /// the deadline passed, or the pending closure error.
     pub fn join(&self, policy: &mut WaitPolicy<'_>) -> Result<bool, DispatchError> {
-        self.shared.queue.wait_with(policy).map_err(from_queue)
+        let waited = self.shared.queue.wait_with(policy);
+        self.raised(waited)
     }
 
     /// Whether nothing is queued or running; raises the pending closure error instead
     /// (waiting per `policy` for running closures to end first).
     pub fn done(&self, policy: &mut WaitPolicy<'_>) -> Result<bool, DispatchError> {
-        self.shared.queue.done_with(policy).map_err(from_queue)
+        let done = self.shared.queue.done_with(policy);
+        self.raised(done)
+    }
+
+    /// Maps a queue result; a raised closure error is no longer pending, so links may
+    /// start closures again.
+    fn raised<R>(
+        &self,
+        result: Result<R, QueueError<Arc<ClosureFailure>>>,
+    ) -> Result<R, DispatchError> {
+        if let Err(QueueError::Failed(_)) = &result {
+            self.shared.failure_pending.store(false, Ordering::SeqCst);
+        }
+        result.map_err(from_queue)
     }
 
     /// Gauges, counters, worker states and the latency histogram, right now.

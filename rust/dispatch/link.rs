@@ -6,6 +6,7 @@
 //! is in `execute.rs`; this file is the loop around it.
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -167,6 +168,15 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Runs one closure and settles it, puts it back, or retries it.
     fn run_closure(&mut self, mut closure: Closure) {
+        if self.shared.failure_pending.load(Ordering::SeqCst) {
+            // A closure failed under cancel_all: nothing queued starts until the error is
+            // raised. Handing the closure back cancels it (the queue holds the error); in
+            // the instant after the error was raised it is simply queued again.
+            let verdict = self.shared.queue.put_back(Work::Closure(closure));
+            debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
+            std::thread::yield_now();
+            return;
+        }
         closure.attempts += 1;
         match self.execute(&closure) {
             Verdict::Done(result) => self.finish(closure, result),
@@ -261,7 +271,11 @@ impl<T: WorkerTransport> Link<T> {
                 let failure = Arc::new(failure);
                 closure.settle(Outcome::Failed(Arc::clone(&failure)));
                 match shared.config.error_policy {
-                    ErrorPolicy::CancelAll => shared.queue.mark_failed(failure),
+                    ErrorPolicy::CancelAll => {
+                        // Set first, so no link starts a closure the raise will cancel.
+                        shared.failure_pending.store(true, Ordering::SeqCst);
+                        shared.queue.mark_failed(failure)
+                    }
                     ErrorPolicy::PerClosure => shared.queue.mark_finished(),
                 }
             }

@@ -48,6 +48,10 @@
 //!
 //! # Where this differs from the design contract, and why
 //!
+//! - Under `cancel_all`, once a closure failed no link *starts* another closure until the
+//!   error is raised: a closure taken meanwhile is handed back, which cancels it. TF's
+//!   workers may still start queued closures in that window; here every closure queued when
+//!   the failure happened ends cancelled, as SPEC §6 states, and none runs for nothing.
 //! - The queue holds `Work`, not bare closures: per-worker resource builds and releases
 //!   must travel as tagged items of the same queue, so they are served before that
 //!   worker's next closure and wake its blocked link.

@@ -49,25 +49,15 @@ fn cancel_all_raises_the_first_error_once_and_cancels_what_is_queued() {
     let cluster = FakeCluster::new(1);
     let dispatcher = start(&cluster, fast_config());
     let failing = function(&dispatcher, "gate-raise:first");
-    let held = function(&dispatcher, "gate:second");
     let echo = function(&dispatcher, "echo");
     let first = dispatcher.schedule(&failing, args("a"), &[]).unwrap();
     wait_until("the failing closure runs", || cluster.running(0) == 1);
-    let second = dispatcher.schedule(&held, args("b"), &[]).unwrap();
     let queued: Vec<_> = (0..5)
         .map(|_| dispatcher.schedule(&echo, args("c"), &[]).unwrap())
         .collect();
-    cluster.open_gate("first");
-    // The link moves on to `second`, which holds the worker while join() raises.
-    wait_until("the second closure runs", || {
-        ran_on(&cluster, second.id()).len() == 1
-    });
     std::thread::scope(|scope| {
         let joining = scope.spawn(|| dispatcher.join(&mut WaitPolicy::until(deadline())));
-        for cell in &queued {
-            assert!(cancellation(cell).contains("another closure failed"));
-        }
-        cluster.open_gate("second");
+        cluster.open_gate("first");
         match joining.join().unwrap() {
             Err(DispatchError::ClosureFailed(error)) => {
                 assert_eq!(error.kind, FailureKind::User);
@@ -77,8 +67,9 @@ fn cancel_all_raises_the_first_error_once_and_cancels_what_is_queued() {
             other => panic!("join returned {other:?}"),
         }
     });
-    // Raising waited for the running closure: it finished normally.
-    assert_eq!(value(&second), args("b"));
+    for cell in &queued {
+        assert!(cancellation(cell).contains("another closure failed"));
+    }
     assert_eq!(failure(&first).message, "raised on purpose");
     // The error was raised once and cleared: the dispatcher is usable again.
     assert!(dispatcher.done(&mut WaitPolicy::forever()).unwrap());
@@ -87,8 +78,51 @@ fn cancel_all_raises_the_first_error_once_and_cancels_what_is_queued() {
     let metrics = dispatcher.metrics();
     assert_eq!(
         (metrics.failed, metrics.cancelled, metrics.completed),
-        (1, 5, 2)
+        (1, 5, 1)
     );
+}
+
+#[test]
+fn after_a_failure_no_queued_closure_starts_before_the_error_is_raised() {
+    let cluster = FakeCluster::new(2);
+    let dispatcher = start(&cluster, fast_config());
+    let held = function(&dispatcher, "gate:long");
+    let failing = function(&dispatcher, "gate-raise:fail");
+    let echo = function(&dispatcher, "echo");
+    let long = dispatcher.schedule(&held, args("long"), &[]).unwrap();
+    let failed = dispatcher.schedule(&failing, args("bad"), &[]).unwrap();
+    wait_until("both gated closures run", || {
+        cluster.running(0) + cluster.running(1) == 2
+    });
+    let queued: Vec<_> = (0..10)
+        .map(|i| {
+            dispatcher
+                .schedule(&echo, args(&i.to_string()), &[])
+                .unwrap()
+        })
+        .collect();
+    cluster.open_gate("fail");
+    // The freed worker's link takes the queued closures and hands each back: all of them
+    // end cancelled without running, although nobody has called join() yet.
+    for cell in &queued {
+        assert!(cancellation(cell).contains("another closure failed"));
+        assert!(ran_on(&cluster, cell.id()).is_empty());
+    }
+    assert_eq!(failure(&failed).message, "raised on purpose");
+    let raised = std::thread::scope(|scope| {
+        let joining = scope.spawn(|| dispatcher.join(&mut WaitPolicy::until(deadline())));
+        cluster.open_gate("long");
+        joining.join().unwrap()
+    });
+    assert!(
+        matches!(raised, Err(DispatchError::ClosureFailed(_))),
+        "{raised:?}"
+    );
+    // Raising waited for the running closure, which finished normally.
+    assert_eq!(long.status(), CellStatus::Ready);
+    assert_eq!(value(&long), args("long"));
+    let after = dispatcher.schedule(&echo, args("after"), &[]).unwrap();
+    assert_eq!(value(&after), args("after"));
 }
 
 #[test]
