@@ -2,7 +2,7 @@
 //! (registered once per worker connection), then `RunClosure`, and what the answer means.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::closure::Closure;
 use super::failure::{ClosureFailure, FailureKind};
@@ -66,6 +66,7 @@ impl<T: WorkerTransport> Link<T> {
                 Err(NotRegistered::Interrupted(interruption)) => return interruption.into(),
                 Err(NotRegistered::Refused(failure)) => return Verdict::Done(Err(failure)),
             }
+            let started = Instant::now();
             let run = self.transport.run_closure(request.clone(), timeout);
             let Some(answer) = self.call(run) else {
                 return Verdict::Stopped;
@@ -84,7 +85,9 @@ impl<T: WorkerTransport> Link<T> {
                     registered_again = true;
                     continue;
                 }
-                Err(RpcError::DeadlineExceeded(_)) if timeout.is_some() => Verdict::TimedOut,
+                Err(error) if timeout.is_some_and(|limit| expired(&error, started, limit)) => {
+                    Verdict::TimedOut
+                }
                 Err(error) if self.is_worker_failure(&error) => {
                     Verdict::WorkerFailed(error.message().to_owned())
                 }
@@ -239,6 +242,17 @@ impl<T: WorkerTransport> Link<T> {
                 self.address(),
             ))),
         }
+    }
+}
+
+/// Whether a failed `RunClosure` means its `limit` expired: the client's own timer says
+/// `DEADLINE_EXCEEDED`, while a worker whose server enforced the `grpc-timeout` first
+/// answers `CANCELLED` ("Timeout expired") once the limit has passed.
+fn expired(error: &RpcError, started: Instant, limit: Duration) -> bool {
+    match error {
+        RpcError::DeadlineExceeded(_) => true,
+        RpcError::Cancelled(_) => started.elapsed() >= limit,
+        _ => false,
     }
 }
 

@@ -17,6 +17,7 @@ const TOKEN: &str = "dispatch-test-token";
 /// Pickle-shaped payloads (protocol 5 opening, STOP at the end), as the worker checks.
 const ECHO: &[u8] = b"\x80\x05\x8c\x04echo\x94.";
 const RAISE: &[u8] = b"\x80\x05\x8c\x05raise\x94.";
+const SLOW: &[u8] = b"\x80\x05\x8c\x04slow\x94.";
 
 /// A running worker server and its executor thread; `ran` logs the closure ids it ran.
 struct RealWorker {
@@ -95,6 +96,9 @@ fn execute_jobs(server: &WorkerServer, ran: &Mutex<Vec<u64>>) {
                 args,
             } => {
                 ran.lock().unwrap().push(closure_id);
+                if function.payload.as_ref() == SLOW {
+                    std::thread::sleep(Duration::from_millis(400));
+                }
                 let outcome = if function.payload.as_ref() == RAISE {
                     pb::run_closure_response::Outcome::Error(pb::ClosureError {
                         kind: pb::ErrorKind::User.into(),
@@ -246,6 +250,26 @@ fn a_wrong_token_fails_closures_with_unauthenticated() {
         worker.ran().is_empty(),
         "nothing ran without the right token"
     );
+    dispatcher.shutdown();
+    worker.stop();
+}
+
+#[test]
+fn a_closure_the_worker_times_out_is_retried_once_then_fails_deadline_exceeded() {
+    let worker = RealWorker::start("127.0.0.1:0");
+    let config = DispatcherConfig {
+        closure_timeout: Some(Duration::from_millis(100)),
+        ..fast_config()
+    };
+    let dispatcher = Dispatcher::new(clients(&[worker.address()], TOKEN), config).unwrap();
+    let slow = register(&dispatcher, SLOW);
+    let cell = dispatcher.schedule(&slow, pickled(1), &[]).unwrap();
+    let error = failure(&cell);
+    assert_eq!(error.kind.label(), "infra:DEADLINE_EXCEEDED", "{error}");
+    assert!(error.message.contains(&worker.address()), "{error}");
+    // Retried once, after the worker had finished the first attempt.
+    assert_eq!(worker.ran(), [cell.id(), cell.id()]);
+    assert_eq!(dispatcher.metrics().retried, 1);
     dispatcher.shutdown();
     worker.stop();
 }
