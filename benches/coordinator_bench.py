@@ -108,6 +108,7 @@ def run_jaxcluster(sizes: dict[str, int], profile: bool) -> dict[str, dict]:
 def run_baseline(sizes: dict[str, int]) -> dict[str, dict]:
     results: dict[str, dict] = {}
     with baseline_cluster(WORKERS) as coordinator:
+        print(f"baseline queue: {coordinator.queue_name}")
         for name, (fn, args) in WORKLOADS.items():
             single = one_in_flight(coordinator.schedule, fn, args, sizes["single"])
             many = many_in_flight(coordinator.schedule, coordinator.join, fn, args, sizes["many"])

@@ -72,7 +72,7 @@ def _queue_class() -> Callable[[], Any]:
     if (BENCHES / "ref_queue.py").exists():
         sys.path.insert(0, str(BENCHES))
         module = importlib.import_module("ref_queue")
-        for name in ("RefClosureQueue", "ReferenceQueue", "ClosureQueue", "RefQueue"):
+        for name in ("ReferenceClosureQueue", "RefClosureQueue"):
             if hasattr(module, name):
                 return getattr(module, name)  # type: ignore[no-any-return]
     return _TFQueue
@@ -136,6 +136,10 @@ class BaselineCoordinator:
         ]
         for thread in self._threads:
             thread.start()
+
+    @property
+    def queue_name(self) -> str:
+        return type(self._queue).__name__
 
     def _serve(self, stub: Any) -> None:
         pb2, sent = self._pb2, set()
