@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 
 mod client;
 mod dispatch;
+mod dispatch_convert;
 mod errors;
 mod queue;
 mod worker;

@@ -14,6 +14,7 @@
 //! persistent ids.
 
 pub mod behaviour;
+mod transport;
 mod worker;
 
 use std::collections::HashMap;
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-pub use worker::FakeTransport;
+pub use transport::FakeTransport;
 use worker::FakeWorker;
 
 /// Random worker crashes for stress tests: each `RunClosure` crashes its worker with
