@@ -424,3 +424,164 @@ class ClosureQueue:
     @property
     def max_size(self) -> int:
         """The ``max_size`` given to the constructor."""
+
+# --- Dispatcher (rust/py/dispatch.rs) --------------------------------------------------------
+# The coordinator's Rust dispatcher: one thread per worker moves closures over gRPC with no
+# GIL on that path. Every wait releases the GIL and wakes every 50 ms for signal handlers, so
+# Ctrl-C interrupts it. A closure's failure is raised as the exception that
+# ``jaxcluster.coordinator._errors.build_exception(result_tuple)`` builds (until that module
+# exists: ``RemoteError``, ``ClosureInputError`` or the ``jaxcluster.errors`` class of the
+# gRPC code).
+
+@final
+class Dispatcher:
+    """Moves closures to the workers at ``addresses`` (index = worker index).
+
+    Work-conserving as TF's coordinator: each worker runs one closure at a time and a
+    closure never waits behind a busy worker while another is idle. A worker that fails
+    (unreachable, shutting down, restarted) gets its closure put back for another worker;
+    it is probed with exponential backoff capped at 10 s, its per-worker resources are
+    rebuilt when it answers, and it is given up after ``recovery_timeout`` seconds
+    (default ``JAXCLUSTER_WORKER_RECOVERY_SEC``, else 3600). Once every worker was given
+    up, closures fail with ``UnavailableError`` instead of waiting. Creating a dispatcher
+    never blocks on the workers. ``TF_COORDINATOR_SCHEDULE_START_DELAY`` /
+    ``TF_COORDINATOR_SCHEDULE_START_DELAY_MAX`` (or ``JAXCLUSTER_COORDINATOR_…``) stagger
+    the workers' start as in TF.
+
+    Example::
+
+        payload = cloudpickle.dumps(fn)
+        fn_hash = hashlib.sha256(payload).digest()
+        d = Dispatcher(["127.0.0.1:8470"], auth_token=token)
+        d.register_function(fn_hash, 0, payload)
+        cell = d.schedule(fn_hash, args_pickle, [], [])
+        cell.wait()
+        status, pickle, buffers = cell.result()
+        d.shutdown()
+    """
+
+    def __new__(
+        cls,
+        addresses: list[str],
+        *,
+        auth_token: str | None = None,
+        max_queue_size: int = 262144,
+        error_policy: Literal["cancel_all", "per_closure"] = "cancel_all",
+        closure_timeout: float | None = None,
+        recovery_timeout: float | None = None,
+        max_message_bytes: int = 67108864,
+    ) -> Self:
+        """``max_queue_size <= 0`` means unbounded. ``error_policy='cancel_all'`` (TF's)
+        raises the first closure error from the next :meth:`schedule`, :meth:`join` or
+        :meth:`done`, cancelling every queued closure; ``'per_closure'`` keeps each error
+        on its own :class:`ResultCell`. ``closure_timeout`` (seconds) bounds one execution:
+        on expiry the closure is retried once on another worker, then fails with
+        ``DeadlineExceededError`` naming the workers; the timed-out worker gets no new work
+        until it reports idle. Raises ``ValueError`` for a bad argument or environment
+        variable and ``InvalidArgumentError`` for an address that is not ``HOST:PORT``."""
+
+    def register_function(self, hash: bytes, kind: int, payload: bytes) -> None:
+        """Registers a function payload (``kind`` 0: cloudpickle, 1: ``jax.export``
+        serialization) under ``hash``, its 32-byte SHA-256 (checked). Each worker is sent
+        the payload the first time a closure there needs it, and again after it restarts.
+        Idempotent."""
+
+    def schedule(
+        self,
+        function_hash: bytes,
+        args: bytes,
+        buffers: Sequence[bytes],
+        resources: Sequence[PerWorkerResource],
+    ) -> ResultCell:
+        """Queues a closure of a registered function: ``args`` is the pickled
+        ``(args, kwargs)`` (empty for none), ``buffers`` its out-of-band buffers
+        (bytes-like), ``resources`` the per-worker resources the arguments refer to (as
+        ``ResourceRef(resource_id)``). Blocks with the GIL released while the queue is full.
+        Under ``cancel_all`` a pending closure error is raised after queuing, so this
+        closure is cancelled with the rest (as TF does). ``ValueError`` for an unknown
+        function or a released resource; ``RuntimeError`` after :meth:`shutdown`."""
+
+    def create_resource(self, function_hash: bytes) -> PerWorkerResource:
+        """Builds a per-worker resource: each worker runs the registered function (no
+        arguments) and keeps the result, ahead of the closures queued after this call.
+        Returns at once; never raises the function's error (a closure using a resource whose
+        build failed on its worker fails with ``ClosureInputError``)."""
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Waits until nothing is queued or running: ``True``, or ``False`` when
+        ``timeout`` seconds passed first. Raises the pending closure error (after cancelling
+        what is queued and waiting for what runs)."""
+
+    def done(self) -> bool:
+        """Whether nothing is queued or running; raises the pending closure error."""
+
+    def metrics(self) -> dict[str, Any]:
+        """Gauges ``queued``, ``inflight``; counters ``completed``, ``failed``,
+        ``cancelled``, ``retried``, ``worker_failures``, ``functions_registered`` (payloads
+        sent to workers); ``workers`` (``[{"address", "state"}]``, state ``'up'`` |
+        ``'recovering'`` | ``'given_up'``); ``latency``: schedule-to-result seconds as
+        ``{"bounds", "counts", "count", "sum", "max", "p50", "p99"}`` (``counts`` has one
+        more entry than ``bounds``, for larger values; quantiles are bucket upper bounds,
+        None before the first result)."""
+
+    def worker_statuses(self) -> list[dict[str, Any]]:
+        """Per worker: ``index``, ``address``, ``state``, ``in_state_seconds``,
+        ``last_error`` (str or None) and, once the worker answered, the fields of its last
+        ``GetStatus`` (``platform``, ``jax_version``, ``pid``, ``worker_index``, counters...;
+        its own ``'serving'``/``'draining'`` as ``serving_state``)."""
+
+    def shutdown(self) -> None:
+        """Stops dispatching: running RPCs are abandoned, queued and running closures are
+        cancelled (their cells become ABORTED), worker threads end. Idempotent; also done
+        when the dispatcher is garbage-collected."""
+
+    @property
+    def num_workers(self) -> int: ...
+
+@final
+class ResultCell:
+    """Where one closure's outcome lands, exactly once."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits (GIL released, Ctrl-C interruptible) until the closure ended; ``False`` if
+        ``timeout`` seconds passed first."""
+
+    @property
+    def status(self) -> int:
+        """0 NOT_READY, 1 ABORTED (cancelled), 2 READY (a value or an error)."""
+
+    @property
+    def closure_id(self) -> int:
+        """The closure's id, as the worker saw it."""
+
+    def result(
+        self,
+    ) -> (
+        tuple[Literal["ok"], bytes, list[bytes]]
+        | tuple[Literal["error"], str, str, str, str, str, bytes, str]
+        | tuple[Literal["cancelled"], str]
+    ):
+        """``("ok", pickle, buffers)``; ``("error", kind, type_name, module, message,
+        traceback, pickled_exception, worker)`` with ``kind`` ``'user'`` | ``'input'`` |
+        ``'infra:<GRPC_CODE_NAME>'`` and ``pickled_exception`` empty when the worker could
+        not pickle it; or ``("cancelled", message)``. ``RuntimeError`` while NOT_READY."""
+
+@final
+class PerWorkerResource:
+    """A value built on every worker (e.g. a dataset iterator) by
+    :meth:`Dispatcher.create_resource`. Released on the workers by :meth:`release`, or when
+    this handle and every closure using it are gone."""
+
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def resource_id(self) -> int:
+        """What closure arguments carry (``wire.ResourceRef(resource_id)``)."""
+
+    def state(self, worker: int) -> Literal["pending", "ready", "failed", "aborted"]:
+        """The resource's state on ``worker`` (``IndexError`` when out of range); aborted
+        when lost with its worker (rebuilt when it returns) or released."""
+
+    def release(self) -> None:
+        """Releases it on every worker now; later schedules with it raise ``ValueError``.
+        Idempotent."""

@@ -243,6 +243,23 @@ class LocalCluster:
 
         return SimpleClusterResolver(ClusterSpec({"worker": self.addresses}), rpc_layer="grpc")
 
+    def coordinator(self, **kwargs: Any) -> Any:
+        """A ``ClusterCoordinator`` for this cluster's workers, with its token.
+
+        ``kwargs`` go to ``ClusterCoordinator`` (``error_policy``, ``closure_timeout``...).
+
+        Example::
+
+            with LocalCluster(2) as cluster, cluster.coordinator() as coordinator:
+                coordinator.schedule(lambda: 1).fetch()  # 1
+        """
+        from jaxcluster.coordinator import ClusterCoordinator
+
+        if self._stopped:
+            raise RuntimeError("this LocalCluster has been stopped")
+        kwargs.setdefault("auth_token", self._token)
+        return ClusterCoordinator(self.resolver, **kwargs)
+
     def worker_pid(self, index: int) -> int | None:
         """The pid of worker ``index``, or ``None`` if it is not running."""
         process = self._process(index)

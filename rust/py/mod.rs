@@ -4,6 +4,8 @@ use pyo3::prelude::*;
 
 mod client;
 mod device;
+mod dispatch;
+mod dispatch_convert;
 mod errors;
 mod queue;
 mod worker;
@@ -16,5 +18,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<client::PyWorkerClient>()?;
     device::register(m)?;
     m.add_class::<queue::PyClosureQueue>()?;
+    m.add_class::<dispatch::PyDispatcher>()?;
+    m.add_class::<dispatch::PyResultCell>()?;
+    m.add_class::<dispatch::PyPerWorkerResource>()?;
     Ok(())
 }

@@ -1,13 +1,35 @@
-"""Asynchronous closure coordination: TF's ``tf.distribute.experimental.coordinator``.
+"""TF-style ClusterCoordinator for JAX: schedule closures on a cluster's workers.
 
-``ClosureQueue`` is TF's ``_CoordinatedClosureQueue`` implemented in Rust (see the class
-documentation in ``jaxcluster/_core.pyi``).
+Example::
+
+    from jaxcluster import LocalCluster
+    from jaxcluster.coordinator import ClusterCoordinator
+
+    with LocalCluster(2) as cluster, cluster.coordinator() as coordinator:
+        rv = coordinator.schedule(lambda a, b: a + b, args=(1, 2))
+        coordinator.join()
+        rv.fetch()  # 3
 """
 
 from __future__ import annotations
 
 from jaxcluster._native import core as _core
+from jaxcluster.coordinator.cluster_coordinator import ClusterCoordinator as ClusterCoordinator
+from jaxcluster.coordinator.per_worker import PerWorkerValue as PerWorkerValue
+from jaxcluster.coordinator.per_worker import PerWorkerValues as PerWorkerValues
+from jaxcluster.coordinator.remote_value import RemoteValue as RemoteValue
+from jaxcluster.coordinator.remote_value import RemoteValueStatus as RemoteValueStatus
+from jaxcluster.worker.context import get_current_worker_index as get_current_worker_index
 
+#: The Rust closure queue with TF's ``_CoordinatedClosureQueue`` semantics.
 ClosureQueue = _core.ClosureQueue
 
-__all__ = ["ClosureQueue"]
+__all__ = [
+    "ClosureQueue",
+    "ClusterCoordinator",
+    "PerWorkerValue",
+    "PerWorkerValues",
+    "RemoteValue",
+    "RemoteValueStatus",
+    "get_current_worker_index",
+]

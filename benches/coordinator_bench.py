@@ -1,0 +1,163 @@
+"""End-to-end coordinator benchmark: jaxcluster vs a pure-Python grpcio baseline.
+
+Two local workers; trivial closures (no arguments, return ``None``) and small-array closures
+(a 64-float array in, doubled out). For each: closures/s with one closure in flight (and
+the schedule -> fetch latency percentiles), and closures/s with many in flight. The
+baseline is TF's coordinator design in pure Python over plain grpcio
+(``grpc_baseline.py``), driven the same way.
+
+    python benches/coordinator_bench.py            # build with `maturin develop --release`
+    python benches/coordinator_bench.py --quick
+    python benches/coordinator_bench.py --profile  # cProfile of the many-in-flight run
+
+Targets: >= 20,000 trivial closures/s sustained, p50 <= 300 us, p99 <= 2 ms, and >= 5x the
+baseline's throughput.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grpc_baseline import baseline_cluster
+
+WORKERS = 2
+
+
+def trivial() -> None:
+    return None
+
+
+def small_array(a: np.ndarray) -> np.ndarray:
+    return a * 2
+
+
+WORKLOADS: dict[str, tuple[Callable[..., Any], tuple[Any, ...]]] = {
+    "trivial": (trivial, ()),
+    "small-array": (small_array, (np.ones(64, np.float32),)),
+}
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def one_in_flight(schedule: Callable[..., Any], fn: Any, args: tuple[Any, ...], n: int) -> dict:
+    for _ in range(min(200, n)):  # warm up: connections, registration, caches
+        schedule(fn, args).fetch()
+    latencies = []
+    started = time.perf_counter()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        schedule(fn, args).fetch()
+        latencies.append(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - started
+    return {
+        "rate": n / elapsed,
+        "p50_us": _percentile(latencies, 50) * 1e6,
+        "p99_us": _percentile(latencies, 99) * 1e6,
+    }
+
+
+def many_in_flight(
+    schedule: Callable[..., Any], join: Callable[[], Any], fn: Any, args: tuple[Any, ...], n: int
+) -> dict:
+    schedule(fn, args).fetch()
+    started = time.perf_counter()
+    values = [schedule(fn, args) for _ in range(n)]
+    scheduled = time.perf_counter()
+    join()
+    values[-1].fetch()
+    elapsed = time.perf_counter() - started
+    return {"rate": n / elapsed, "schedule_rate": n / (scheduled - started)}
+
+
+def run_jaxcluster(sizes: dict[str, int], profile: bool) -> dict[str, dict]:
+    from jaxcluster import LocalCluster
+
+    results: dict[str, dict] = {}
+    with LocalCluster(WORKERS) as cluster, cluster.coordinator() as coordinator:
+
+        def schedule(fn: Any, args: tuple[Any, ...]) -> Any:
+            return coordinator.schedule(fn, args=args)
+
+        for name, (fn, args) in WORKLOADS.items():
+            single = one_in_flight(schedule, fn, args, sizes["single"])
+            if profile and name == "trivial":
+                profiler = cProfile.Profile()
+                profiler.enable()
+            many = many_in_flight(schedule, coordinator.join, fn, args, sizes["many"])
+            if profile and name == "trivial":
+                profiler.disable()
+                pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(15)
+            latency = coordinator.metrics()["latency"]
+            results[name] = {"single": single, "many": many, "latency": latency}
+    return results
+
+
+def run_baseline(sizes: dict[str, int]) -> dict[str, dict]:
+    results: dict[str, dict] = {}
+    with baseline_cluster(WORKERS) as coordinator:
+        print(f"baseline queue: {coordinator.queue_name}")
+        for name, (fn, args) in WORKLOADS.items():
+            single = one_in_flight(coordinator.schedule, fn, args, sizes["single"])
+            many = many_in_flight(coordinator.schedule, coordinator.join, fn, args, sizes["many"])
+            results[name] = {"single": single, "many": many}
+    return results
+
+
+def report(ours: dict[str, dict], base: dict[str, dict]) -> None:
+    print(f"{'workload':<12} {'mode':<16} {'jaxcluster':>14} {'baseline':>14} {'ratio':>8}")
+    for name in WORKLOADS:
+        rows = [
+            ("1 in flight/s", ours[name]["single"]["rate"], base[name]["single"]["rate"]),
+            ("many in flight/s", ours[name]["many"]["rate"], base[name]["many"]["rate"]),
+            ("p50 latency us", ours[name]["single"]["p50_us"], base[name]["single"]["p50_us"]),
+            ("p99 latency us", ours[name]["single"]["p99_us"], base[name]["single"]["p99_us"]),
+        ]
+        for mode, a, b in rows:
+            ratio = a / b if "/s" in mode else b / a
+            print(f"{name:<12} {mode:<16} {a:>14,.0f} {b:>14,.0f} {ratio:>7.1f}x")
+        print(f"{name:<12} {'schedule()/s':<16} {ours[name]['many']['schedule_rate']:>14,.0f}")
+    trivial = ours["trivial"]
+    checks = [
+        (">= 20,000 trivial closures/s", trivial["many"]["rate"] >= 20_000),
+        ("p50 <= 300 us", trivial["single"]["p50_us"] <= 300),
+        ("p99 <= 2 ms", trivial["single"]["p99_us"] <= 2000),
+        (">= 5x baseline", trivial["many"]["rate"] >= 5 * base["trivial"]["many"]["rate"]),
+    ]
+    for label, ok in checks:
+        print(f"target {label:<30} {'met' if ok else 'MISSED'}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer closures per run")
+    parser.add_argument("--profile", action="store_true", help="cProfile the coordinator side")
+    parser.add_argument("--skip-baseline", action="store_true")
+    args = parser.parse_args()
+    sizes = {"single": 2000, "many": 40_000}
+    base_sizes = {"single": 2000, "many": 10_000}
+    if args.quick:
+        sizes, base_sizes = {"single": 500, "many": 5000}, {"single": 500, "many": 2000}
+    ours = run_jaxcluster(sizes, args.profile)
+    if args.skip_baseline:
+        for name, result in ours.items():
+            print(name, result)
+        return 0
+    report(ours, run_baseline(base_sizes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

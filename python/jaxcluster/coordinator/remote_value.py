@@ -1,0 +1,121 @@
+"""RemoteValue: the eventual result of a scheduled closure."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from typing import Any
+
+from jaxcluster import errors, wire
+from jaxcluster.coordinator import _encoding
+from jaxcluster.coordinator._errors import build_exception
+
+__all__ = ["RemoteValue", "RemoteValueStatus"]
+
+_NOT_READY, _ABORTED, _READY = 0, 1, 2
+_UNSET: Any = object()
+
+
+class RemoteValueStatus(enum.Enum):
+    """Where a :class:`RemoteValue` stands (TF's names and values).
+
+    ``READY`` covers both a value and an error; ``ABORTED`` means the closure was cancelled.
+    """
+
+    NOT_READY = "NOT_READY"
+    ABORTED = "ABORTED"
+    READY = "READY"
+
+
+_STATUSES = (RemoteValueStatus.NOT_READY, RemoteValueStatus.ABORTED, RemoteValueStatus.READY)
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
+        raise ValueError(f"timeout={timeout!r}; expected None or a number of seconds >= 0")
+    return float(timeout)
+
+
+class RemoteValue:
+    """The result of a closure scheduled with ``ClusterCoordinator.schedule``.
+
+    The result is decoded once, on the first ``fetch``, and kept. A closure that failed
+    raises its error from every ``fetch``; a cancelled one raises
+    :class:`~jaxcluster.errors.CancelledError`.
+
+    Example::
+
+        rv = coordinator.schedule(lambda x: x + 1, args=(41,))
+        rv.fetch()                   # 42, once a worker has run it
+        rv.status                    # RemoteValueStatus.READY
+    """
+
+    __slots__ = ("__weakref__", "_cell", "_error", "_lock", "_value")
+
+    def __init__(self, cell: Any) -> None:
+        self._cell = cell
+        self._lock = threading.Lock()
+        self._value: Any = _UNSET
+        self._error: BaseException | None = None
+
+    @property
+    def status(self) -> RemoteValueStatus:
+        """``NOT_READY``, ``ABORTED`` (cancelled) or ``READY`` (a value or an error)."""
+        return _STATUSES[self._cell.status]
+
+    def done(self) -> bool:
+        """Whether the closure has ended (with a value, an error or a cancellation)."""
+        return self._cell.status != _NOT_READY
+
+    def fetch(self, timeout: float | None = None) -> Any:
+        """Waits for the closure and returns its result (numpy arrays for JAX arrays).
+
+        Raises the closure's error if it failed, ``CancelledError`` if it was cancelled, and
+        ``DeadlineExceededError`` if it has not ended within ``timeout`` seconds (the
+        closure keeps running; fetch again later).
+        """
+        if self._value is _UNSET and self._error is None:
+            seconds = _check_timeout(timeout)
+            if not self._cell.wait(seconds):
+                raise errors.DeadlineExceededError(
+                    f"the closure's result was not ready within timeout={timeout!r} seconds "
+                    f"(status {self.status.value}); it is still queued or running — fetch "
+                    "again, or call join() first"
+                )
+            self._settle()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def get(self) -> Any:
+        """Same as :meth:`fetch` with no timeout (TF's ``RemoteValue.get``)."""
+        return self.fetch()
+
+    def _settle(self) -> None:
+        with self._lock:
+            if self._value is not _UNSET or self._error is not None:
+                return
+            result = self._cell.result()
+            if result[0] == "ok":
+                try:
+                    self._value = wire.decode(result[1], result[2])
+                except Exception as exc:
+                    self._error = errors.InternalError(
+                        f"the closure's result arrived but could not be unpickled here: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                    self._error.__cause__ = exc
+            else:
+                self._error = build_exception(result)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        _encoding.reject_remote_value(self)
+        raise TypeError(
+            "a RemoteValue cannot be pickled: it stands for a result that lives in this "
+            "process; fetch() it and pass the value instead"
+        )
+
+    def __repr__(self) -> str:
+        return f"<RemoteValue {self.status.value}>"

@@ -1,0 +1,247 @@
+//! The dispatcher's settings, their defaults, and the environment variables kept from TF.
+
+use std::time::Duration;
+
+use super::DispatchError;
+
+/// TF's `_CLOSURE_QUEUE_MAX_SIZE`.
+pub const DEFAULT_MAX_QUEUE_SIZE: usize = 256 * 1024;
+/// How long a failed worker is retried before it is given up (`JAXCLUSTER_WORKER_RECOVERY_SEC`).
+pub const DEFAULT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Reconnection backoff cap, so a restarted worker is back in use within seconds.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// What a closure error does to the rest (see SPEC §6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorPolicy {
+    /// TF's behaviour: the first error is raised by the next `schedule`/`join`/`done`,
+    /// cancelling every queued closure.
+    CancelAll,
+    /// The error stays on that closure's result only.
+    PerClosure,
+}
+
+impl ErrorPolicy {
+    /// Parses `"cancel_all"` or `"per_closure"`.
+    pub fn parse(text: &str) -> Result<Self, DispatchError> {
+        match text {
+            "cancel_all" => Ok(Self::CancelAll),
+            "per_closure" => Ok(Self::PerClosure),
+            other => Err(DispatchError::InvalidArgument(format!(
+                "error_policy={other:?} is not a policy; expected 'cancel_all' (TF's: the first \
+                 error cancels every queued closure) or 'per_closure'"
+            ))),
+        }
+    }
+}
+
+/// Staggered start, as TF's `TF_COORDINATOR_SCHEDULE_START_DELAY(_MAX)`: worker `i` waits
+/// `i * per_worker` (at most `max`, when set) before taking its first work item.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StartDelay {
+    /// Delay per worker index.
+    pub per_worker: Duration,
+    /// Cap on any worker's delay; `None` for no cap.
+    pub max: Option<Duration>,
+}
+
+impl StartDelay {
+    /// The delay of worker `index`.
+    pub fn for_worker(&self, index: usize) -> Duration {
+        let delay = self
+            .per_worker
+            .saturating_mul(u32::try_from(index).unwrap_or(u32::MAX));
+        self.max.map_or(delay, |max| delay.min(max))
+    }
+}
+
+/// Reconnection backoff: the first retry after `initial`, doubling up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackoffConfig {
+    /// Delay before the first reconnection attempt after a failed probe.
+    pub initial: Duration,
+    /// Largest delay between attempts.
+    pub max: Duration,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(50),
+            max: MAX_BACKOFF,
+        }
+    }
+}
+
+/// Everything a [`Dispatcher`](super::Dispatcher) is configured with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DispatcherConfig {
+    /// Bound of the global closure queue; 0 for unbounded.
+    pub max_queue_size: usize,
+    /// What a closure error does to the rest.
+    pub error_policy: ErrorPolicy,
+    /// Bound on one execution; expiry retries once elsewhere, then fails the closure.
+    pub closure_timeout: Option<Duration>,
+    /// How long a failed worker is retried before it is given up.
+    pub recovery_timeout: Duration,
+    /// Staggered start.
+    pub start_delay: StartDelay,
+    /// Reconnection backoff.
+    pub backoff: BackoffConfig,
+    /// Bound on one `GetStatus` probe.
+    pub probe_timeout: Duration,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self {
+            max_queue_size: DEFAULT_MAX_QUEUE_SIZE,
+            error_policy: ErrorPolicy::CancelAll,
+            closure_timeout: None,
+            recovery_timeout: DEFAULT_RECOVERY_TIMEOUT,
+            start_delay: StartDelay::default(),
+            backoff: BackoffConfig::default(),
+            probe_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl DispatcherConfig {
+    /// The defaults, with the environment variables applied: `JAXCLUSTER_WORKER_RECOVERY_SEC`
+    /// and the staggered-start pair (`TF_COORDINATOR_SCHEDULE_START_DELAY(_MAX)`, or their
+    /// `JAXCLUSTER_COORDINATOR_…` aliases, which win when both are set).
+    pub fn from_env() -> Result<Self, DispatchError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// [`from_env`](Self::from_env) reading variables through `lookup`.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, DispatchError> {
+        let mut config = Self::default();
+        if let Some(recovery) = seconds_var(&lookup, &["JAXCLUSTER_WORKER_RECOVERY_SEC"])? {
+            config.recovery_timeout = recovery;
+        }
+        let per_worker = seconds_var(
+            &lookup,
+            &[
+                "JAXCLUSTER_COORDINATOR_SCHEDULE_START_DELAY",
+                "TF_COORDINATOR_SCHEDULE_START_DELAY",
+            ],
+        )?;
+        let max = seconds_var(
+            &lookup,
+            &[
+                "JAXCLUSTER_COORDINATOR_SCHEDULE_START_DELAY_MAX",
+                "TF_COORDINATOR_SCHEDULE_START_DELAY_MAX",
+            ],
+        )?;
+        config.start_delay = StartDelay {
+            per_worker: per_worker.unwrap_or_default(),
+            // As in TF, a cap of 0 means "no cap".
+            max: max.filter(|max| !max.is_zero()),
+        };
+        Ok(config)
+    }
+}
+
+/// Parses a non-negative number of seconds from the first of `names` that is set and not
+/// blank.
+fn seconds_var(
+    lookup: &impl Fn(&str) -> Option<String>,
+    names: &[&str],
+) -> Result<Option<Duration>, DispatchError> {
+    for name in names {
+        let Some(raw) = lookup(name) else { continue };
+        let text = raw.trim();
+        if text.is_empty() {
+            continue;
+        }
+        return parse_seconds(text).map(Some).ok_or_else(|| {
+            DispatchError::InvalidArgument(format!(
+                "environment variable {name}={raw:?} is not a number of seconds; expected \
+                     a non-negative number such as 30 or 0.5"
+            ))
+        });
+    }
+    Ok(None)
+}
+
+/// A non-negative, finite number of seconds.
+pub(crate) fn parse_seconds(text: &str) -> Option<Duration> {
+    let seconds: f64 = text.parse().ok()?;
+    Duration::try_from_secs_f64(seconds).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn config_from(vars: &[(&str, &str)]) -> Result<DispatcherConfig, DispatchError> {
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        DispatcherConfig::from_lookup(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn tf_start_delay_variables_are_read_and_capped() {
+        let config = config_from(&[
+            ("TF_COORDINATOR_SCHEDULE_START_DELAY", "2"),
+            ("TF_COORDINATOR_SCHEDULE_START_DELAY_MAX", "5"),
+        ])
+        .unwrap();
+        let delays: Vec<u64> = (0..5)
+            .map(|i| config.start_delay.for_worker(i).as_secs())
+            .collect();
+        assert_eq!(delays, [0, 2, 4, 5, 5]);
+    }
+
+    #[test]
+    fn jaxcluster_aliases_win_and_zero_cap_means_none() {
+        let config = config_from(&[
+            ("TF_COORDINATOR_SCHEDULE_START_DELAY", "2"),
+            ("JAXCLUSTER_COORDINATOR_SCHEDULE_START_DELAY", "0.5"),
+            ("TF_COORDINATOR_SCHEDULE_START_DELAY_MAX", "0"),
+            ("JAXCLUSTER_WORKER_RECOVERY_SEC", "12"),
+        ])
+        .unwrap();
+        assert_eq!(config.start_delay.per_worker, Duration::from_millis(500));
+        assert_eq!(config.start_delay.max, None);
+        assert_eq!(config.start_delay.for_worker(100), Duration::from_secs(50));
+        assert_eq!(config.recovery_timeout, Duration::from_secs(12));
+    }
+
+    #[test]
+    fn unset_variables_keep_the_defaults() {
+        assert_eq!(config_from(&[]).unwrap(), DispatcherConfig::default());
+        assert_eq!(
+            config_from(&[("TF_COORDINATOR_SCHEDULE_START_DELAY", "  ")]).unwrap(),
+            DispatcherConfig::default()
+        );
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_variable_and_value() {
+        for bad in ["soon", "-1", "nan", "inf"] {
+            let err = config_from(&[("JAXCLUSTER_WORKER_RECOVERY_SEC", bad)]).unwrap_err();
+            let text = err.to_string();
+            assert!(text.contains("JAXCLUSTER_WORKER_RECOVERY_SEC"), "{text}");
+            assert!(text.contains(bad), "{text}");
+        }
+    }
+
+    #[test]
+    fn policies_parse_or_say_what_is_expected() {
+        assert_eq!(
+            ErrorPolicy::parse("per_closure").unwrap(),
+            ErrorPolicy::PerClosure
+        );
+        let err = ErrorPolicy::parse("cancel-all").unwrap_err().to_string();
+        assert!(
+            err.contains("'cancel_all'") && err.contains("cancel-all"),
+            "{err}"
+        );
+    }
+}

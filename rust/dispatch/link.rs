@@ -1,0 +1,290 @@
+//! One link per worker: a thread that serves its worker one work item at a time, and the
+//! worker's state machine (`up` → `recovering` → `up` | `given_up`) with reconnection
+//! backoff and resource rebuilding.
+//!
+//! Running one closure (inputs, function registration, the RPC and what its answer means)
+//! is in `execute.rs`; recovering a failed worker is in `recovery.rs`; this file is the
+//! loop around them.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::runtime::Handle;
+use tokio::sync::watch;
+
+use super::closure::{Closure, Work};
+use super::config::ErrorPolicy;
+use super::execute::Verdict;
+use super::failure::ClosureFailure;
+use super::functions::SentFunctions;
+use super::metrics::Counters;
+use super::recovery::Recovery;
+use super::resources::{ResourceInner, ResourceState};
+use super::result_cell::{EncodedValue, Outcome};
+use super::transport::WorkerTransport;
+use super::{LinkState, Shared};
+use crate::queue::Tag;
+
+/// Bound on a `ReleaseResource` call; a worker that does not answer loses nothing by it.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
+/// First and largest pause between idleness polls after a closure timed out.
+const IDLE_POLL: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
+
+/// Why a step on a worker did not complete.
+#[derive(Debug)]
+pub(crate) enum Interruption {
+    /// The dispatcher is stopping.
+    Stopped,
+    /// The worker is gone (the message says how); recover it.
+    WorkerFailed(String),
+}
+
+/// The serving side of one worker; owned by its thread.
+pub(crate) struct Link<T> {
+    pub(super) index: usize,
+    pub(super) transport: T,
+    pub(super) shared: Arc<Shared>,
+    pub(super) runtime: Handle,
+    pub(super) stop: watch::Receiver<bool>,
+    /// Functions this worker holds since it last (re)connected.
+    pub(super) sent: SentFunctions,
+    /// The worker process last seen (`GetStatus.pid`), to notice a restart.
+    pub(super) incarnation: Option<u64>,
+    /// When the current recovery began (the dispatcher's creation for the first one).
+    pub(super) recovering_since: Instant,
+}
+
+impl<T: WorkerTransport> Link<T> {
+    pub fn new(index: usize, transport: T, shared: Arc<Shared>, runtime: Handle) -> Self {
+        let stop = shared.stop.subscribe();
+        Self {
+            index,
+            transport,
+            shared,
+            runtime,
+            stop,
+            sent: SentFunctions::default(),
+            incarnation: None,
+            recovering_since: Instant::now(),
+        }
+    }
+
+    pub(super) fn tag(&self) -> Tag {
+        self.index as Tag
+    }
+
+    pub(super) fn address(&self) -> &str {
+        self.transport.address()
+    }
+
+    /// The thread body: connect, wait out the staggered start, then serve until stopped.
+    pub fn run(mut self) {
+        let serve_from = Instant::now() + self.shared.config.start_delay.for_worker(self.index);
+        loop {
+            if *self.stop.borrow() {
+                return;
+            }
+            match self.shared.links[self.index].state() {
+                LinkState::Recovering => match self.recover() {
+                    Recovery::Up | Recovery::GaveUp => {}
+                    Recovery::Stopped => return,
+                },
+                LinkState::Up if Instant::now() < serve_from => {
+                    if !self.sleep(serve_from - Instant::now()) {
+                        return;
+                    }
+                }
+                LinkState::Up => {
+                    let Some(work) = self.shared.queue.get(Some(self.tag()), None) else {
+                        return; // the queue was stopped
+                    };
+                    self.serve(work);
+                }
+                LinkState::GivenUp => return self.drain_when_all_given_up(),
+            }
+        }
+    }
+
+    fn serve(&mut self, work: Work) {
+        match work {
+            Work::Closure(closure) => self.run_closure(closure),
+            Work::CreateResource { resource, .. } => {
+                let Some(resource) = resource.upgrade() else {
+                    return; // released before its turn
+                };
+                if matches!(
+                    resource.state(self.index),
+                    ResourceState::Pending | ResourceState::Aborted
+                ) {
+                    if let Err(Interruption::WorkerFailed(reason)) = self.create_resource(&resource)
+                    {
+                        self.worker_failed(&reason);
+                    }
+                }
+            }
+            Work::ReleaseResource { resource_id } => {
+                let release = self
+                    .transport
+                    .release_resource(vec![resource_id], Some(RELEASE_TIMEOUT));
+                if let Some(Err(error)) = self.call(release) {
+                    if self.is_worker_failure(&error) {
+                        self.worker_failed(error.message());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one closure and settles it, puts it back, or retries it.
+    fn run_closure(&mut self, mut closure: Closure) {
+        if self.shared.failure_pending.load(Ordering::SeqCst) {
+            // A closure failed under cancel_all: nothing queued starts until the error is
+            // raised. Handing the closure back cancels it (the queue holds the error); in
+            // the instant after the error was raised it is simply queued again.
+            let verdict = self.shared.queue.put_back(Work::Closure(closure));
+            debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
+            std::thread::yield_now();
+            return;
+        }
+        closure.attempts += 1;
+        match self.execute(&closure) {
+            Verdict::Done(result) => self.finish(closure, result),
+            Verdict::WorkerFailed(reason) => {
+                self.worker_failed(&reason);
+                self.put_back(closure);
+            }
+            Verdict::Retry => {
+                closure.infra_retries += 1;
+                self.put_back(closure);
+            }
+            Verdict::TimedOut => self.timed_out(closure),
+            // The queue is stopped, so this cancels it.
+            Verdict::Stopped => self.put_back(closure),
+        }
+    }
+
+    /// `closure_timeout` expired: retry elsewhere once, then fail naming the workers; this
+    /// worker takes nothing new until it reports idle.
+    fn timed_out(&mut self, mut closure: Closure) {
+        let address = self.address().to_owned();
+        closure.timed_out_on.push(address.clone());
+        if closure.timed_out_on.len() >= 2 {
+            let limit = self.shared.config.closure_timeout.unwrap_or_default();
+            let message = format!(
+                "closure {} did not finish within closure_timeout={:.3} s on worker {} (after \
+                 also timing out on worker {}); it was not retried again",
+                closure.id(),
+                limit.as_secs_f64(),
+                address,
+                closure.timed_out_on[0]
+            );
+            let failure = ClosureFailure::infra(tonic::Code::DeadlineExceeded, message, &address);
+            self.finish(closure, Err(failure));
+        } else {
+            self.put_back(closure);
+        }
+        self.wait_until_idle();
+    }
+
+    /// Polls `GetStatus` until the worker has nothing queued or running.
+    fn wait_until_idle(&mut self) {
+        let mut pause = IDLE_POLL.0;
+        loop {
+            let Some(status) = self.call(
+                self.transport
+                    .get_status(Some(self.shared.config.probe_timeout)),
+            ) else {
+                return;
+            };
+            match status {
+                Ok(status) => {
+                    let idle = status.inflight == 0 && status.queued == 0;
+                    let restarted = self.observe(status);
+                    if restarted {
+                        self.worker_failed("the worker restarted while a closure timed out");
+                        return;
+                    }
+                    if idle {
+                        return;
+                    }
+                }
+                Err(error) if self.is_worker_failure(&error) => {
+                    self.worker_failed(error.message());
+                    return;
+                }
+                // A definite answer (e.g. a refused token) means the worker is not busy
+                // with our closure any more; serving resumes and reports that error.
+                Err(_) => return,
+            }
+            if !self.sleep(pause) {
+                return;
+            }
+            pause = (pause * 2).min(IDLE_POLL.1);
+        }
+    }
+
+    /// Settles `closure` with its value or error and tells the queue, per the policy.
+    pub(super) fn finish(&self, closure: Closure, result: Result<EncodedValue, ClosureFailure>) {
+        let shared = &self.shared;
+        shared.latency.observe(closure.scheduled_at().elapsed());
+        // The cell is settled before the queue hears of it, so a join() that returns has
+        // every cell ready.
+        let verdict = match result {
+            Ok(value) => {
+                Counters::bump(&shared.counters.completed);
+                closure.settle(Outcome::Value(value));
+                shared.queue.mark_finished()
+            }
+            Err(failure) => {
+                Counters::bump(&shared.counters.failed);
+                let failure = Arc::new(failure);
+                closure.settle(Outcome::Failed(Arc::clone(&failure)));
+                match shared.config.error_policy {
+                    ErrorPolicy::CancelAll => {
+                        // Set first, so no link starts a closure the raise will cancel.
+                        shared.failure_pending.store(true, Ordering::SeqCst);
+                        shared.queue.mark_failed(failure)
+                    }
+                    ErrorPolicy::PerClosure => shared.queue.mark_finished(),
+                }
+            }
+        };
+        debug_assert!(verdict.is_ok(), "a link settled a closure it did not take");
+    }
+
+    fn put_back(&self, closure: Closure) {
+        Counters::bump(&self.shared.counters.retried);
+        let verdict = self.shared.queue.put_back(Work::Closure(closure));
+        debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
+    }
+
+    /// Runs `future` on the shared runtime from this thread; `None` if the dispatcher
+    /// stopped first (the future is dropped, cancelling its RPC).
+    pub(super) fn call<F: Future>(&self, future: F) -> Option<F::Output> {
+        let mut stop = self.stop.clone();
+        self.runtime.block_on(async move {
+            tokio::select! {
+                biased;
+                _ = stop.wait_for(|stopped| *stopped) => None,
+                output = future => Some(output),
+            }
+        })
+    }
+
+    /// Sleeps unless the dispatcher stops first; returns whether it slept through.
+    pub(super) fn sleep(&self, pause: Duration) -> bool {
+        // Built inside the runtime: a tokio timer cannot be created outside one.
+        self.call(async move { tokio::time::sleep(pause).await })
+            .is_some()
+    }
+
+    /// Releases `resource` on this worker right away (it was released while being built).
+    pub(super) fn release_now(&self, resource: &ResourceInner) {
+        let release = self
+            .transport
+            .release_resource(vec![resource.id], Some(RELEASE_TIMEOUT));
+        let _ = self.call(release);
+    }
+}

@@ -1,0 +1,231 @@
+//! A link's worker state machine off the happy path: a worker found failed is probed with
+//! exponential backoff until it answers (then rebuilt: functions forgotten, resources
+//! recreated) or the recovery bound passes (given up); and once every link has given up,
+//! whatever is scheduled fails instead of waiting forever.
+
+use std::time::{Duration, Instant};
+
+use super::closure::Work;
+use super::config::BackoffConfig;
+use super::failure::ClosureFailure;
+use super::link::{Interruption, Link};
+use super::metrics::Counters;
+use super::resources::ResourceState;
+use super::transport::WorkerTransport;
+use super::LinkState;
+use crate::rpc::{pb, RpcError};
+
+/// Exponential reconnection delays: `initial`, doubling, capped at `max`.
+#[derive(Debug, Clone)]
+pub(crate) struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    pub fn new(config: BackoffConfig) -> Self {
+        Self {
+            next: config.initial.min(config.max),
+            max: config.max,
+        }
+    }
+
+    /// The next delay to wait.
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = self.next.saturating_mul(2).min(self.max);
+        delay
+    }
+}
+
+/// How a recovery attempt ended.
+pub(crate) enum Recovery {
+    Up,
+    GaveUp,
+    Stopped,
+}
+
+impl<T: WorkerTransport> Link<T> {
+    /// Marks the worker failed: its resources are aborted and the link starts recovering.
+    pub(super) fn worker_failed(&mut self, reason: &str) {
+        Counters::bump(&self.shared.counters.worker_failures);
+        self.recovering_since = Instant::now();
+        self.shared.links[self.index].set(LinkState::Recovering, Some(reason.to_owned()));
+        for resource in self.shared.resources.live() {
+            resource.set_state(self.index, ResourceState::Aborted);
+        }
+    }
+
+    /// Probes with backoff until the worker answers (then rebuilds its resources and
+    /// serves again), the recovery bound passes (given up), or the dispatcher stops.
+    pub(super) fn recover(&mut self) -> Recovery {
+        let mut backoff = Backoff::new(self.shared.config.backoff);
+        let bound = self.shared.config.recovery_timeout;
+        loop {
+            let elapsed = self.recovering_since.elapsed();
+            if elapsed >= bound {
+                self.give_up(bound);
+                return Recovery::GaveUp;
+            }
+            let remaining = bound.saturating_sub(elapsed);
+            let probe_timeout = self.shared.config.probe_timeout.min(remaining);
+            let Some(answer) = self.call(self.transport.get_status(Some(probe_timeout))) else {
+                return Recovery::Stopped;
+            };
+            let rebuilt = match answer {
+                Ok(status) if status.state == pb::ServingState::Draining as i32 => Err(
+                    Interruption::WorkerFailed("the worker is shutting down".to_owned()),
+                ),
+                Ok(status) => {
+                    self.observe(status);
+                    self.reconnected()
+                }
+                Err(error) if reachable(&error) => self.reconnected(),
+                Err(error) => Err(Interruption::WorkerFailed(error.message().to_owned())),
+            };
+            match rebuilt {
+                Ok(()) => {
+                    self.shared.links[self.index].set(LinkState::Up, None);
+                    return Recovery::Up;
+                }
+                Err(Interruption::Stopped) => return Recovery::Stopped,
+                Err(Interruption::WorkerFailed(reason)) => {
+                    self.shared.links[self.index].note_error(reason);
+                }
+            }
+            let pause = backoff
+                .next_delay()
+                .min(bound.saturating_sub(self.recovering_since.elapsed()));
+            if !self.sleep(pause) {
+                return Recovery::Stopped;
+            }
+        }
+    }
+
+    /// The worker answers: forget what it held and rebuild every live resource before it
+    /// serves closures.
+    fn reconnected(&mut self) -> Result<(), Interruption> {
+        self.sent.clear();
+        for resource in self.shared.resources.live() {
+            self.create_resource(&resource)?;
+        }
+        Ok(())
+    }
+
+    fn give_up(&mut self, bound: Duration) {
+        let reason = format!(
+            "gave up on worker {} after it did not answer for {bound:?} \
+             (JAXCLUSTER_WORKER_RECOVERY_SEC / recovery_timeout)",
+            self.address(),
+        );
+        self.shared.links[self.index].set(LinkState::GivenUp, Some(reason));
+        for resource in self.shared.resources.live() {
+            resource.set_state(self.index, ResourceState::Aborted);
+        }
+        self.shared.given_up.send_modify(|count| *count += 1);
+    }
+
+    /// A given-up link waits until every link has given up; from then on it fails whatever
+    /// reaches the queue, so nothing scheduled hangs.
+    pub(super) fn drain_when_all_given_up(&mut self) {
+        let links = self.shared.links.len();
+        let mut given_up = self.shared.given_up.subscribe();
+        if self.call(async move { given_up.wait_for(|count| *count >= links).await.is_ok() })
+            != Some(true)
+        {
+            return;
+        }
+        while let Some(work) = self.shared.queue.get(Some(self.tag()), None) {
+            match work {
+                Work::Closure(closure) => {
+                    let message = format!(
+                        "closure {} could not run: all {links} workers were given up after not \
+                         answering for {:?} (JAXCLUSTER_WORKER_RECOVERY_SEC / \
+                         recovery_timeout)",
+                        closure.id(),
+                        self.shared.config.recovery_timeout
+                    );
+                    let failure =
+                        ClosureFailure::infra(tonic::Code::Unavailable, message, self.address());
+                    self.finish(closure, Err(failure));
+                }
+                Work::CreateResource { resource, worker } => {
+                    if let Some(resource) = resource.upgrade() {
+                        resource.set_state(worker, ResourceState::Aborted);
+                    }
+                }
+                Work::ReleaseResource { .. } => {}
+            }
+        }
+    }
+
+    /// Records a `GetStatus` answer; returns whether it comes from a different worker
+    /// process than the previous one (the worker restarted and lost its state).
+    pub(super) fn observe(&mut self, status: pb::GetStatusResponse) -> bool {
+        let restarted = self.incarnation.is_some_and(|pid| pid != status.pid);
+        self.incarnation = Some(status.pid);
+        self.shared.links[self.index].record_status(status);
+        restarted
+    }
+
+    /// Whether a failed call means the worker is gone (put the work back, recover) rather
+    /// than a definite refusal of this request.
+    pub(super) fn is_worker_failure(&mut self, error: &RpcError) -> bool {
+        match error {
+            RpcError::Unavailable(_) | RpcError::DeadlineExceeded(_) => true,
+            // A connection cut mid-call surfaces as one of these; ask the worker.
+            RpcError::Internal(_) | RpcError::Cancelled(_) | RpcError::Aborted(_) => {
+                self.worker_lost()
+            }
+            _ => false,
+        }
+    }
+
+    /// Asks the worker whether it is still the process we knew: `true` if it does not
+    /// answer, is shutting down, or restarted.
+    pub(super) fn worker_lost(&mut self) -> bool {
+        let probe = self
+            .transport
+            .get_status(Some(self.shared.config.probe_timeout));
+        match self.call(probe) {
+            None => true,
+            Some(Ok(status)) if status.state == pb::ServingState::Draining as i32 => true,
+            Some(Ok(status)) => self.observe(status),
+            Some(Err(error)) => !reachable(&error),
+        }
+    }
+}
+
+/// Whether an RPC error is a definite answer from a live worker (so it is reachable).
+fn reachable(error: &RpcError) -> bool {
+    matches!(
+        error,
+        RpcError::Unauthenticated(_)
+            | RpcError::InvalidArgument(_)
+            | RpcError::NotFound(_)
+            | RpcError::FailedPrecondition(_)
+            | RpcError::ResourceExhausted(_)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap() {
+        let mut backoff = Backoff::new(BackoffConfig {
+            initial: Duration::from_millis(50),
+            max: Duration::from_millis(300),
+        });
+        let delays: Vec<u128> = (0..6).map(|_| backoff.next_delay().as_millis()).collect();
+        assert_eq!(delays, [50, 100, 200, 300, 300, 300]);
+    }
+
+    #[test]
+    fn the_default_backoff_is_capped_at_ten_seconds() {
+        let mut backoff = Backoff::new(BackoffConfig::default());
+        let last = (0..40).map(|_| backoff.next_delay()).last().unwrap();
+        assert_eq!(last, Duration::from_secs(10));
+    }
+}

@@ -1,0 +1,225 @@
+//! [`ResultCell`]: where a closure's outcome lands, once, and where callers wait for it.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::failure::ClosureFailure;
+
+/// A Python value as it crosses the wire: a pickle stream plus its out-of-band buffers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EncodedValue {
+    /// The pickle (protocol 5) stream; empty for "no value".
+    pub pickle: Bytes,
+    /// The out-of-band buffers, in the order the pickler produced them.
+    pub buffers: Vec<Bytes>,
+}
+
+/// How a closure ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The function returned this value.
+    Value(EncodedValue),
+    /// The closure failed; the same failure may also be pending in the queue.
+    Failed(Arc<ClosureFailure>),
+    /// The closure was cancelled before it could finish; the message says why.
+    Cancelled(String),
+}
+
+/// A cell's status, numbered as the binding reports it (TF's `RemoteValueStatus` order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CellStatus {
+    /// No outcome yet.
+    NotReady = 0,
+    /// Cancelled.
+    Aborted = 1,
+    /// A value or an error.
+    Ready = 2,
+}
+
+/// Why an interruptible wait stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("waiting for the closure's result was interrupted")]
+pub struct Interrupted;
+
+struct CellState {
+    outcome: Option<Outcome>,
+    waiters: usize,
+}
+
+/// The outcome of one closure: not ready, then exactly one of a value, an error or a
+/// cancellation. Waitable with a deadline; the dispatcher settles it, callers read it.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use _core::dispatch::{CellStatus, ResultCell};
+///
+/// let cell = ResultCell::new(7);
+/// assert_eq!(cell.status(), CellStatus::NotReady);
+/// // Nothing settles it here, so the wait times out.
+/// assert!(!cell.wait(Some(Instant::now() + Duration::from_millis(1))));
+/// ```
+pub struct ResultCell {
+    id: u64,
+    scheduled: Instant,
+    state: Mutex<CellState>,
+    settled: Condvar,
+}
+
+impl ResultCell {
+    /// A not-ready cell for closure `id`, scheduled now.
+    pub fn new(id: u64) -> Self {
+        Self {
+            id,
+            scheduled: Instant::now(),
+            state: Mutex::new(CellState {
+                outcome: None,
+                waiters: 0,
+            }),
+            settled: Condvar::new(),
+        }
+    }
+
+    /// The closure's id (also sent to the worker as `closure_id`).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// When the closure was scheduled.
+    pub fn scheduled_at(&self) -> Instant {
+        self.scheduled
+    }
+
+    /// The current status.
+    pub fn status(&self) -> CellStatus {
+        match &self.lock().outcome {
+            None => CellStatus::NotReady,
+            Some(Outcome::Cancelled(_)) => CellStatus::Aborted,
+            Some(_) => CellStatus::Ready,
+        }
+    }
+
+    /// The outcome, if the closure has ended.
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.lock().outcome.clone()
+    }
+
+    /// Waits until the closure has ended or `deadline` passes (`None`: no deadline);
+    /// returns whether it has ended.
+    pub fn wait(&self, deadline: Option<Instant>) -> bool {
+        let mut never = || false;
+        self.wait_interruptible(deadline, Duration::MAX, &mut never)
+            .unwrap_or(false)
+    }
+
+    /// [`wait`](Self::wait), also calling `check` every `every` with no lock held; when it
+    /// returns `true` the wait stops with [`Interrupted`]. A binding uses this to let
+    /// Ctrl-C through while it waits without the GIL.
+    pub fn wait_interruptible(
+        &self,
+        deadline: Option<Instant>,
+        every: Duration,
+        check: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, Interrupted> {
+        let mut state = self.lock();
+        loop {
+            if state.outcome.is_some() {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|deadline| now >= deadline) {
+                return Ok(false);
+            }
+            let slice = deadline.map_or(every, |deadline| (deadline - now).min(every));
+            state.waiters += 1;
+            let (guard, timeout) = self
+                .settled
+                .wait_timeout(state, slice)
+                .unwrap_or_else(PoisonError::into_inner);
+            state = guard;
+            state.waiters -= 1;
+            if timeout.timed_out() && state.outcome.is_none() && slice == every {
+                drop(state);
+                if check() {
+                    return Err(Interrupted);
+                }
+                state = self.lock();
+            }
+        }
+    }
+
+    /// Records the outcome unless one is already recorded; returns whether this call did.
+    pub(crate) fn settle(&self, outcome: Outcome) -> bool {
+        let mut state = self.lock();
+        if state.outcome.is_some() {
+            return false;
+        }
+        state.outcome = Some(outcome);
+        let wake = state.waiters > 0;
+        drop(state);
+        if wake {
+            self.settled.notify_all();
+        }
+        true
+    }
+
+    fn lock(&self) -> MutexGuard<'_, CellState> {
+        // Every critical section is a single assignment or counter change.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl std::fmt::Debug for ResultCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResultCell")
+            .field("id", &self.id)
+            .field("status", &self.status())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_outcome_wins_and_wakes_waiters() {
+        let cell = Arc::new(ResultCell::new(1));
+        let waiter = {
+            let cell = Arc::clone(&cell);
+            std::thread::spawn(move || cell.wait(Some(Instant::now() + Duration::from_secs(30))))
+        };
+        let value = EncodedValue {
+            pickle: Bytes::from_static(b"v"),
+            buffers: vec![],
+        };
+        assert!(cell.settle(Outcome::Value(value.clone())));
+        assert!(!cell.settle(Outcome::Cancelled("late".into())));
+        assert!(waiter.join().unwrap());
+        assert_eq!(cell.status(), CellStatus::Ready);
+        assert_eq!(cell.outcome(), Some(Outcome::Value(value)));
+    }
+
+    #[test]
+    fn a_cancelled_cell_is_aborted() {
+        let cell = ResultCell::new(2);
+        cell.settle(Outcome::Cancelled("stopped".into()));
+        assert_eq!(cell.status(), CellStatus::Aborted);
+        assert!(cell.wait(None));
+    }
+
+    #[test]
+    fn the_interrupt_check_stops_a_wait() {
+        let cell = ResultCell::new(3);
+        let mut calls = 0;
+        let mut check = || {
+            calls += 1;
+            calls == 2
+        };
+        let deadline = Some(Instant::now() + Duration::from_secs(30));
+        let result = cell.wait_interruptible(deadline, Duration::from_millis(1), &mut check);
+        assert_eq!(result, Err(Interrupted));
+        assert_eq!(calls, 2);
+    }
+}

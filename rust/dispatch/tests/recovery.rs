@@ -1,0 +1,191 @@
+//! Worker failures: put back and run elsewhere, reconnect with backoff, rebuild resources
+//! before serving, register functions again, give up, and fail the rest when all gave up.
+
+use std::time::Duration;
+
+use super::*;
+use crate::dispatch::fake::FakeCall;
+use crate::dispatch::{ErrorPolicy, LinkState, ResourceState};
+
+fn state(dispatcher: &Dispatcher, worker: usize) -> LinkState {
+    dispatcher.worker_statuses()[worker].state
+}
+
+#[test]
+fn a_closure_whose_worker_dies_runs_elsewhere_and_the_worker_is_used_again() {
+    let cluster = FakeCluster::new(2);
+    cluster.kill(1); // so the first closure can only go to worker 0
+    let dispatcher = start(&cluster, fast_config());
+    let crash = function(&dispatcher, "crash-on:0");
+    let cell = dispatcher.schedule(&crash, args("x"), &[]).unwrap();
+    wait_until("worker 0 crashed", || !cluster.is_up(0));
+    cluster.restart(1);
+    assert_eq!(value(&cell), args("x"));
+    assert_eq!(ran_on(&cluster, cell.id()), [0, 1]);
+    let metrics = dispatcher.metrics();
+    assert_eq!((metrics.retried, metrics.worker_failures), (1, 1));
+    assert_eq!(state(&dispatcher, 0), LinkState::Recovering);
+
+    // Worker 0 comes back; with worker 1 gone the next closure must run there, and the
+    // function is sent again because the restarted worker lost what it held.
+    cluster.restart(0);
+    wait_until("worker 0 is up again", || {
+        state(&dispatcher, 0) == LinkState::Up
+    });
+    cluster.kill(1);
+    let echo = function(&dispatcher, "echo");
+    let later = dispatcher.schedule(&echo, args("z"), &[]).unwrap();
+    assert_eq!(value(&later), args("z"));
+    assert_eq!(ran_on(&cluster, later.id()), [0]);
+    let registered: Vec<u64> = cluster
+        .calls(0)
+        .iter()
+        .filter(|c| c.method == "RegisterFunction")
+        .map(|c| c.incarnation)
+        .collect();
+    assert_eq!(registered, [1, 2], "once per worker process");
+}
+
+/// Gaps between consecutive probes of a down worker.
+fn probe_gaps(calls: &[FakeCall]) -> Vec<Duration> {
+    let probes: Vec<_> = calls
+        .iter()
+        .filter(|c| c.method == "GetStatus" && c.incarnation == 0)
+        .collect();
+    probes.windows(2).map(|w| w[1].at - w[0].at).collect()
+}
+
+#[test]
+fn reconnection_backs_off_exponentially_up_to_the_cap() {
+    let cluster = FakeCluster::new(1);
+    cluster.kill(0);
+    let config = DispatcherConfig {
+        backoff: BackoffConfig {
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(40),
+        },
+        ..fast_config()
+    };
+    let dispatcher = start(&cluster, config);
+    let echo = function(&dispatcher, "echo");
+    let cell = dispatcher.schedule(&echo, args("x"), &[]).unwrap();
+    wait_until("six probes were made", || {
+        probe_gaps(&cluster.calls(0)).len() >= 5
+    });
+    let gaps = probe_gaps(&cluster.calls(0));
+    // Sleeps never end early, so each gap is at least the planned delay.
+    for (gap, planned) in gaps.iter().zip([10, 20, 40, 40, 40]) {
+        assert!(*gap >= Duration::from_millis(planned), "gaps {gaps:?}");
+    }
+    assert_eq!(state(&dispatcher, 0), LinkState::Recovering);
+    assert!(dispatcher.worker_statuses()[0]
+        .last_error
+        .as_deref()
+        .is_some_and(|e| e.contains("down")));
+    cluster.restart(0);
+    assert_eq!(value(&cell), args("x"));
+    assert_eq!(state(&dispatcher, 0), LinkState::Up);
+}
+
+#[test]
+fn resources_are_aborted_with_their_worker_and_rebuilt_before_it_serves() {
+    let cluster = FakeCluster::new(1);
+    let dispatcher = start(&cluster, fast_config());
+    let make = function(&dispatcher, "resource");
+    let echo = function(&dispatcher, "echo");
+    let resource = dispatcher.create_resource(&make).unwrap();
+    wait_until("the resource is built", || {
+        resource.state(0) == ResourceState::Ready
+    });
+    cluster.kill(0);
+    let input = args(&format!("res:{}", resource.id()));
+    let cell = dispatcher
+        .schedule(&echo, input.clone(), std::slice::from_ref(&resource))
+        .unwrap();
+    wait_until("the resource is aborted", || {
+        resource.state(0) == ResourceState::Aborted
+    });
+    cluster.restart(0);
+    assert_eq!(value(&cell), input);
+    assert_eq!(resource.state(0), ResourceState::Ready);
+    assert_eq!(cluster.resources(0), [resource.id()]);
+    let calls = cluster.calls(0);
+    let position = |method: &str, subject: u64| {
+        calls
+            .iter()
+            .position(|c| c.method == method && c.incarnation == 2 && c.subject == Some(subject))
+            .unwrap_or_else(|| panic!("no {method} for {subject} after the restart: {calls:?}"))
+    };
+    assert!(position("CreateResource", resource.id()) < position("RunClosure", cell.id()));
+}
+
+#[test]
+fn a_dispatcher_made_while_workers_are_down_gives_up_and_fails_the_rest() {
+    let cluster = FakeCluster::new(2);
+    cluster.kill(0);
+    cluster.kill(1);
+    let config = DispatcherConfig {
+        recovery_timeout: Duration::from_millis(200),
+        error_policy: ErrorPolicy::PerClosure,
+        ..fast_config()
+    };
+    let dispatcher = start(&cluster, config);
+    assert!(dispatcher
+        .worker_statuses()
+        .iter()
+        .all(|w| w.state == LinkState::Recovering));
+    let echo = function(&dispatcher, "echo");
+    let cell = dispatcher.schedule(&echo, args("x"), &[]).unwrap();
+    let error = failure(&cell);
+    assert_eq!(error.kind.label(), "infra:UNAVAILABLE");
+    assert!(
+        error.message.contains("all 2 workers were given up"),
+        "{error}"
+    );
+    assert!(dispatcher
+        .worker_statuses()
+        .iter()
+        .all(|w| w.state == LinkState::GivenUp));
+    // Later closures fail too instead of waiting forever.
+    let later = dispatcher.schedule(&echo, args("y"), &[]).unwrap();
+    assert_eq!(failure(&later).type_name, "UnavailableError");
+    join(&dispatcher);
+    // A worker that answers after being given up is not used again.
+    cluster.restart(0);
+    let last = dispatcher.schedule(&echo, args("z"), &[]).unwrap();
+    assert_eq!(failure(&last).kind.label(), "infra:UNAVAILABLE");
+    assert!(cluster.executions().is_empty());
+}
+
+#[test]
+fn the_other_workers_carry_on_when_one_is_given_up() {
+    let cluster = FakeCluster::new(2);
+    cluster.kill(1);
+    let config = DispatcherConfig {
+        recovery_timeout: Duration::from_millis(100),
+        ..fast_config()
+    };
+    let dispatcher = start(&cluster, config);
+    let make = function(&dispatcher, "resource");
+    wait_until("worker 1 is given up", || {
+        state(&dispatcher, 1) == LinkState::GivenUp
+    });
+    let resource = dispatcher.create_resource(&make).unwrap();
+    assert_eq!(resource.state(1), ResourceState::Aborted);
+    let echo = function(&dispatcher, "echo");
+    let cells: Vec<_> = (0..10)
+        .map(|i| {
+            dispatcher
+                .schedule(&echo, args(&i.to_string()), &[])
+                .unwrap()
+        })
+        .collect();
+    join(&dispatcher);
+    for (i, cell) in cells.iter().enumerate() {
+        assert_eq!(value(cell), args(&i.to_string()));
+        assert_eq!(ran_on(&cluster, cell.id()), [0]);
+    }
+    wait_until("the resource is built on worker 0", || {
+        resource.state(0) == ResourceState::Ready
+    });
+}

@@ -1,0 +1,117 @@
+//! Per-worker resources: built on every worker, failed builds as input errors, release.
+
+use super::*;
+use crate::dispatch::{DispatchError, FailureKind, ResourceState};
+
+#[test]
+fn a_resource_is_built_on_every_worker_and_released_on_each() {
+    let cluster = FakeCluster::new(3);
+    let dispatcher = start(&cluster, fast_config());
+    let make = function(&dispatcher, "resource");
+    let resource = dispatcher.create_resource(&make).unwrap();
+    assert_eq!(resource.num_workers(), 3);
+    wait_until("built everywhere", || {
+        (0..3).all(|w| resource.state(w) == ResourceState::Ready)
+    });
+    for worker in 0..3 {
+        assert_eq!(cluster.resources(worker), [resource.id()]);
+    }
+    resource.release();
+    assert!((0..3).all(|w| resource.state(w) == ResourceState::Aborted));
+    wait_until("released everywhere", || {
+        (0..3).all(|w| cluster.resources(w).is_empty())
+    });
+    let echo = function(&dispatcher, "echo");
+    let refused = dispatcher.schedule(&echo, args("x"), std::slice::from_ref(&resource));
+    assert!(
+        matches!(&refused, Err(DispatchError::InvalidArgument(m)) if m.contains("was released")),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn dropping_the_last_reference_releases_the_resource() {
+    let cluster = FakeCluster::new(2);
+    let dispatcher = start(&cluster, fast_config());
+    let make = function(&dispatcher, "resource");
+    let resource = dispatcher.create_resource(&make).unwrap();
+    wait_until("built everywhere", || {
+        (0..2).all(|w| resource.state(w) == ResourceState::Ready)
+    });
+    let echo = function(&dispatcher, "echo");
+    let input = args(&format!("res:{}", resource.id()));
+    let cell = dispatcher
+        .schedule(&echo, input.clone(), std::slice::from_ref(&resource))
+        .unwrap();
+    drop(resource);
+    // The closure still holds the resource, so it runs with it, then it is released.
+    assert_eq!(value(&cell), input);
+    wait_until("released everywhere", || {
+        (0..2).all(|w| cluster.resources(w).is_empty())
+    });
+}
+
+#[test]
+fn a_closure_using_a_resource_that_failed_to_build_fails_with_an_input_error() {
+    let cluster = FakeCluster::new(2);
+    let dispatcher = start(&cluster, fast_config());
+    let make = function(&dispatcher, "resource-raise");
+    let resource = dispatcher.create_resource(&make).unwrap();
+    wait_until("both builds failed", || {
+        (0..2).all(|w| matches!(resource.state(w), ResourceState::Failed(_)))
+    });
+    assert_eq!(resource.state(0).label(), "failed");
+    let echo = function(&dispatcher, "echo");
+    let input = args(&format!("res:{}", resource.id()));
+    let cell = dispatcher
+        .schedule(&echo, input, std::slice::from_ref(&resource))
+        .unwrap();
+    let error = failure(&cell);
+    assert_eq!(error.kind, FailureKind::Input);
+    assert_eq!(error.type_name, "RuntimeError");
+    assert!(
+        error.message.contains("failed to build on purpose"),
+        "{error}"
+    );
+    // Refused before running: the fake never executed it.
+    assert!(ran_on(&cluster, cell.id()).is_empty());
+}
+
+#[test]
+fn a_resource_the_worker_lost_unnoticed_is_rebuilt_not_failed() {
+    let cluster = FakeCluster::new(1);
+    let dispatcher = start(&cluster, fast_config());
+    let make = function(&dispatcher, "resource");
+    let echo = function(&dispatcher, "echo");
+    let resource = dispatcher.create_resource(&make).unwrap();
+    wait_until("built", || resource.state(0) == ResourceState::Ready);
+    assert_eq!(
+        value(&dispatcher.schedule(&echo, args("warm"), &[]).unwrap()),
+        args("warm")
+    );
+    // The worker restarts between two closures: nothing failed in between.
+    cluster.kill(0);
+    cluster.restart(0);
+    let input = args(&format!("res:{}", resource.id()));
+    let cell = dispatcher
+        .schedule(&echo, input.clone(), std::slice::from_ref(&resource))
+        .unwrap();
+    assert_eq!(value(&cell), input);
+    assert_eq!(cluster.resources(0), [resource.id()]);
+    assert_eq!(dispatcher.metrics().worker_failures, 1);
+}
+
+#[test]
+fn resources_of_another_dispatcher_are_refused() {
+    let cluster = FakeCluster::new(1);
+    let first = start(&cluster, fast_config());
+    let second = start(&cluster, fast_config());
+    let make = function(&first, "resource");
+    let echo = function(&second, "echo");
+    let resource = first.create_resource(&make).unwrap();
+    let refused = second.schedule(&echo, args("x"), &[resource]).unwrap_err();
+    assert!(
+        refused.to_string().contains("another dispatcher"),
+        "{refused}"
+    );
+}

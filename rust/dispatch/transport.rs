@@ -1,0 +1,101 @@
+//! The dispatcher's view of one worker: the [`WorkerTransport`] trait, implemented for real
+//! by the tonic [`WorkerClient`] and in memory by [`super::fake`].
+//!
+//! Messages are the protocol's own (`crate::rpc::pb`) and errors are [`RpcError`], so the
+//! real implementation is a straight delegation and the fake speaks exactly what a worker
+//! would: the link's state machine cannot tell them apart.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::rpc::{pb, RpcError, WorkerClient};
+
+/// The calls a link makes to its worker. Every call takes an optional timeout; on expiry
+/// it fails with [`RpcError::DeadlineExceeded`].
+///
+/// A worker that cannot be reached, or is shutting down, answers
+/// [`RpcError::Unavailable`]; a closure that ran and raised is not an error here but an
+/// `Ok` response carrying `outcome = Error`.
+pub trait WorkerTransport: Send + Sync + 'static {
+    /// The worker's address, as configured (used in messages and metrics).
+    fn address(&self) -> &str;
+
+    /// Health, identity and counters.
+    fn get_status(
+        &self,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::GetStatusResponse, RpcError>> + Send;
+
+    /// Stores a function payload under its content hash.
+    fn register_function(
+        &self,
+        request: pb::RegisterFunctionRequest,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::RegisterFunctionResponse, RpcError>> + Send;
+
+    /// Runs a registered function on arguments.
+    fn run_closure(
+        &self,
+        request: pb::RunClosureRequest,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::RunClosureResponse, RpcError>> + Send;
+
+    /// Runs a registered function and keeps its result on the worker as a resource.
+    fn create_resource(
+        &self,
+        request: pb::CreateResourceRequest,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::CreateResourceResponse, RpcError>> + Send;
+
+    /// Drops resources; returns how many the worker held.
+    fn release_resource(
+        &self,
+        resource_ids: Vec<u64>,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<u32, RpcError>> + Send;
+}
+
+impl WorkerTransport for WorkerClient {
+    fn address(&self) -> &str {
+        WorkerClient::address(self)
+    }
+
+    fn get_status(
+        &self,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::GetStatusResponse, RpcError>> + Send {
+        WorkerClient::get_status(self, timeout)
+    }
+
+    fn register_function(
+        &self,
+        request: pb::RegisterFunctionRequest,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::RegisterFunctionResponse, RpcError>> + Send {
+        WorkerClient::register_function(self, request, timeout)
+    }
+
+    fn run_closure(
+        &self,
+        request: pb::RunClosureRequest,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::RunClosureResponse, RpcError>> + Send {
+        WorkerClient::run_closure(self, request, timeout)
+    }
+
+    fn create_resource(
+        &self,
+        request: pb::CreateResourceRequest,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::CreateResourceResponse, RpcError>> + Send {
+        WorkerClient::create_resource(self, request, timeout)
+    }
+
+    fn release_resource(
+        &self,
+        resource_ids: Vec<u64>,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<u32, RpcError>> + Send {
+        WorkerClient::release_resource(self, resource_ids, timeout)
+    }
+}

@@ -1,0 +1,360 @@
+//! `jaxcluster._core.Dispatcher`, `ResultCell` and `PerWorkerResource`: the Python face of
+//! `crate::dispatch`. Documented for users in `_core.pyi`.
+//!
+//! The GIL is held only to convert arguments and results. Every wait (a full queue in
+//! `schedule`, `join`, `done`, `ResultCell.wait`) runs with the GIL released and takes it
+//! back every [`SIGNAL_POLL`] just long enough to run signal handlers, so Ctrl-C
+//! interrupts it; `shutdown` joins the link threads with the GIL released (they never
+//! need it, so it cannot deadlock). A closure's failure becomes a Python exception through
+//! `jaxcluster.coordinator._errors.build_exception(result_tuple)` (Python owns rebuilding
+//! user exceptions); until that module exists, an equivalent `jaxcluster.errors` exception
+//! is built here.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use super::client::{duration, rpc_error, to_bytes};
+use super::dispatch_convert::{
+    dispatch_error, interrupted, metrics_dict, outcome_tuple, worker_dict,
+};
+use crate::dispatch::{
+    DispatchError, Dispatcher, DispatcherConfig, EncodedValue, ErrorPolicy, FunctionKind,
+    PerWorkerResource, ResultCell,
+};
+use crate::queue::WaitPolicy;
+use crate::rpc::{ClientConfig, WorkerClient};
+use crate::runtime::runtime;
+
+/// How often a blocked call takes the GIL to check for signals (Ctrl-C latency bound).
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// The Python-facing dispatcher; documented in `_core.pyi`.
+#[pyclass(frozen, module = "jaxcluster._core", name = "Dispatcher")]
+pub struct PyDispatcher {
+    inner: Dispatcher,
+    addresses: Vec<String>,
+}
+
+#[pymethods]
+impl PyDispatcher {
+    #[new]
+    // Literal defaults, so `inspect.signature` (and stubtest) show them: TF's queue bound
+    // (`DEFAULT_MAX_QUEUE_SIZE`) and 64 MiB (`DEFAULT_MAX_MESSAGE_BYTES`).
+    #[pyo3(signature = (
+        addresses, *, auth_token = None, max_queue_size = 262_144,
+        error_policy = "cancel_all", closure_timeout = None, recovery_timeout = None,
+        max_message_bytes = 67_108_864
+    ))]
+    #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
+    fn new(
+        py: Python<'_>,
+        addresses: Vec<String>,
+        auth_token: Option<&str>,
+        max_queue_size: i64,
+        error_policy: &str,
+        closure_timeout: Option<f64>,
+        recovery_timeout: Option<f64>,
+        max_message_bytes: usize,
+    ) -> PyResult<Self> {
+        let mut config = DispatcherConfig::from_env().map_err(|e| dispatch_error(py, e))?;
+        // <= 0 means unbounded, as for TF's queue.Queue(maxsize).
+        config.max_queue_size = usize::try_from(max_queue_size).unwrap_or(0);
+        config.error_policy =
+            ErrorPolicy::parse(error_policy).map_err(|e| dispatch_error(py, e))?;
+        config.closure_timeout = duration(closure_timeout, "closure_timeout")?;
+        if config.closure_timeout.is_some_and(|t| t.is_zero()) {
+            return Err(PyValueError::new_err(
+                "closure_timeout=0 would time out every closure; expected a positive number of \
+                 seconds, or None for no limit",
+            ));
+        }
+        if let Some(recovery) = duration(recovery_timeout, "recovery_timeout")? {
+            config.recovery_timeout = recovery;
+        }
+        let clients = {
+            let runtime = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+            let _context = runtime.enter(); // the clients' connections belong to the runtime
+            addresses
+                .iter()
+                .map(|address| {
+                    let mut client = ClientConfig::new(address.clone());
+                    client.auth_token = auth_token.map(str::to_owned);
+                    client.max_message_bytes = max_message_bytes;
+                    WorkerClient::connect_lazy(&client).map_err(|e| rpc_error(py, &e))
+                })
+                .collect::<PyResult<Vec<_>>>()?
+        };
+        let inner = Dispatcher::new(clients, config).map_err(|e| dispatch_error(py, e))?;
+        Ok(Self { inner, addresses })
+    }
+
+    fn register_function(
+        &self,
+        py: Python<'_>,
+        hash: &[u8],
+        kind: i64,
+        payload: PyBackedBytes,
+    ) -> PyResult<()> {
+        let kind = FunctionKind::from_binding(kind).map_err(|e| dispatch_error(py, e))?;
+        self.inner
+            .register_function(hash, kind, to_bytes(payload))
+            .map_err(|e| dispatch_error(py, e))
+    }
+
+    #[pyo3(signature = (function_hash, args, buffers, resources))]
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
+    fn schedule(
+        &self,
+        py: Python<'_>,
+        function_hash: &[u8],
+        args: PyBackedBytes,
+        buffers: Vec<Bound<'_, PyAny>>,
+        resources: Vec<PyRef<'_, PyPerWorkerResource>>,
+    ) -> PyResult<PyResultCell> {
+        let buffers = buffers
+            .into_iter()
+            .map(|buffer| bytes_like(&buffer))
+            .collect::<PyResult<Vec<Bytes>>>()?;
+        let args = EncodedValue {
+            pickle: to_bytes(args),
+            buffers,
+        };
+        let resources: Vec<PerWorkerResource> = resources.iter().map(|r| r.inner.clone()).collect();
+        let closure = self
+            .inner
+            .closure(function_hash, args, &resources)
+            .map_err(|e| dispatch_error(py, e))?;
+        let cell = PyResultCell {
+            inner: closure.cell(),
+        };
+        // Fast path with the GIL held: appending needs no waiting.
+        match self.inner.try_enqueue(closure) {
+            Ok(None) => Ok(cell),
+            Ok(Some(closure)) => {
+                blocking(py, None, |policy| self.inner.enqueue(closure, policy))?;
+                Ok(cell)
+            }
+            Err(e) => Err(dispatch_error(py, e)),
+        }
+    }
+
+    fn create_resource(
+        &self,
+        py: Python<'_>,
+        function_hash: &[u8],
+    ) -> PyResult<PyPerWorkerResource> {
+        let inner = self
+            .inner
+            .create_resource(function_hash)
+            .map_err(|e| dispatch_error(py, e))?;
+        Ok(PyPerWorkerResource { inner })
+    }
+
+    #[pyo3(signature = (timeout = None))]
+    fn join(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let deadline = deadline_after(timeout, "join")?;
+        blocking(py, deadline, |policy| self.inner.join(policy))
+    }
+
+    fn done(&self, py: Python<'_>) -> PyResult<bool> {
+        blocking(py, None, |policy| self.inner.done(policy))
+    }
+
+    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        metrics_dict(py, &self.inner.metrics())
+    }
+
+    fn worker_statuses<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let workers = self
+            .inner
+            .worker_statuses()
+            .iter()
+            .map(|worker| worker_dict(py, worker))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, workers)
+    }
+
+    fn shutdown(&self, py: Python<'_>) {
+        py.detach(|| self.inner.shutdown());
+    }
+
+    #[getter]
+    fn num_workers(&self) -> usize {
+        self.inner.num_workers()
+    }
+
+    fn __repr__(&self) -> String {
+        let metrics = self.inner.metrics();
+        format!(
+            "Dispatcher(workers={:?}, queued={}, inflight={}, shut_down={})",
+            self.addresses,
+            metrics.queued,
+            metrics.inflight,
+            if self.inner.is_shut_down() {
+                "True"
+            } else {
+                "False"
+            }
+        )
+    }
+}
+
+/// The Python-facing result cell; documented in `_core.pyi`.
+#[pyclass(frozen, module = "jaxcluster._core", name = "ResultCell")]
+pub struct PyResultCell {
+    inner: Arc<ResultCell>,
+}
+
+#[pymethods]
+impl PyResultCell {
+    #[pyo3(signature = (timeout = None))]
+    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let deadline = deadline_after(timeout, "ResultCell.wait")?;
+        if self.inner.outcome().is_some() {
+            return Ok(true); // no GIL hand-off for a value that is already there
+        }
+        let mut interrupt: Option<PyErr> = None;
+        let waited = py.detach(|| {
+            let mut check = || signal_pending(&mut interrupt);
+            self.inner
+                .wait_interruptible(deadline, SIGNAL_POLL, &mut check)
+        });
+        waited.map_err(|_| interrupted(interrupt))
+    }
+
+    #[getter]
+    fn status(&self) -> i64 {
+        self.inner.status() as i64
+    }
+
+    #[getter]
+    fn closure_id(&self) -> u64 {
+        self.inner.id()
+    }
+
+    fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+        match self.inner.outcome() {
+            Some(outcome) => outcome_tuple(py, &outcome),
+            None => Err(PyRuntimeError::new_err(format!(
+                "ResultCell.result(): closure {} has not finished (status NOT_READY); call \
+                 wait() until it returns True first",
+                self.inner.id()
+            ))),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let status = ["NOT_READY", "ABORTED", "READY"][self.inner.status() as usize];
+        format!(
+            "ResultCell(closure_id={}, status={status})",
+            self.inner.id()
+        )
+    }
+}
+
+/// The Python-facing per-worker resource handle; documented in `_core.pyi`.
+#[pyclass(frozen, module = "jaxcluster._core", name = "PerWorkerResource")]
+pub struct PyPerWorkerResource {
+    inner: PerWorkerResource,
+}
+
+#[pymethods]
+impl PyPerWorkerResource {
+    #[getter]
+    fn num_workers(&self) -> usize {
+        self.inner.num_workers()
+    }
+
+    #[getter]
+    fn resource_id(&self) -> u64 {
+        self.inner.id()
+    }
+
+    fn state(&self, worker: i64) -> PyResult<&'static str> {
+        let workers = self.inner.num_workers();
+        match usize::try_from(worker) {
+            Ok(index) if index < workers => Ok(self.inner.state(index).label()),
+            _ => Err(PyIndexError::new_err(format!(
+                "PerWorkerResource.state(): worker {worker} is out of range; expected 0 to {}",
+                workers.saturating_sub(1)
+            ))),
+        }
+    }
+
+    fn release(&self) {
+        self.inner.release();
+    }
+
+    fn __repr__(&self) -> String {
+        let states: Vec<&str> = (0..self.inner.num_workers())
+            .map(|worker| self.inner.state(worker).label())
+            .collect();
+        format!(
+            "PerWorkerResource(resource_id={}, states={states:?})",
+            self.inner.id()
+        )
+    }
+}
+
+/// A `bytes` object without copying; any other bytes-like object (`bytearray`,
+/// `memoryview`, `PickleBuffer`) copied through `bytes(obj)`.
+fn bytes_like(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
+    if let Ok(backed) = obj.extract::<PyBackedBytes>() {
+        return Ok(to_bytes(backed));
+    }
+    let copied = obj.py().get_type::<PyBytes>().call1((obj,)).map_err(|_| {
+        PyValueError::new_err(format!(
+            "Dispatcher.schedule(): each buffer must be bytes-like (bytes, bytearray, \
+                 memoryview, PickleBuffer), got an object of type {}",
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "<unknown>".to_owned(), |n| n.to_string())
+        ))
+    })?;
+    Ok(to_bytes(copied.extract::<PyBackedBytes>()?))
+}
+
+/// Runs a blocking dispatcher call with the GIL released, polling for signals.
+fn blocking<R, F>(py: Python<'_>, deadline: Option<Instant>, op: F) -> PyResult<R>
+where
+    R: Send,
+    F: FnOnce(&mut WaitPolicy<'_>) -> Result<R, DispatchError> + Send,
+{
+    let mut interrupt: Option<PyErr> = None;
+    let outcome = py.detach(|| {
+        let mut check = || signal_pending(&mut interrupt);
+        let mut policy = WaitPolicy::until(deadline).interruptible(SIGNAL_POLL, &mut check);
+        op(&mut policy)
+    });
+    outcome.map_err(|e| match e {
+        DispatchError::Interrupted => interrupted(interrupt),
+        e => dispatch_error(py, e),
+    })
+}
+
+/// Takes the GIL to run signal handlers; keeps the exception one raised.
+#[allow(clippy::redundant_closure_for_method_calls)] // the method form is not general enough
+fn signal_pending(interrupt: &mut Option<PyErr>) -> bool {
+    match Python::attach(|py| py.check_signals()) {
+        Ok(()) => false,
+        Err(err) => {
+            *interrupt = Some(err);
+            true
+        }
+    }
+}
+
+/// A Python timeout in seconds as a deadline; `None` means none.
+fn deadline_after(timeout: Option<f64>, what: &str) -> PyResult<Option<Instant>> {
+    if timeout == Some(f64::INFINITY) {
+        return Ok(None);
+    }
+    let timeout = duration(timeout, &format!("{what}(): timeout"))?;
+    Ok(timeout.and_then(|timeout| Instant::now().checked_add(timeout)))
+}
