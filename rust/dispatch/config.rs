@@ -10,6 +10,9 @@ pub const DEFAULT_MAX_QUEUE_SIZE: usize = 256 * 1024;
 pub const DEFAULT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Reconnection backoff cap, so a restarted worker is back in use within seconds.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// Closures a busy worker may have queued behind its running one when no worker is idle
+/// (see `pipeline.rs` for the measurements behind the number).
+pub const DEFAULT_PIPELINE_DEPTH: usize = 16;
 
 /// What a closure error does to the rest (see SPEC §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +93,9 @@ pub struct DispatcherConfig {
     pub backoff: BackoffConfig,
     /// Bound on one `GetStatus` probe.
     pub probe_timeout: Duration,
+    /// Closures a busy worker may have queued behind its running one, sent only while no
+    /// worker is idle; 0 turns pipelining off. Ignored (0) under `closure_timeout`.
+    pub pipeline_depth: usize,
 }
 
 impl Default for DispatcherConfig {
@@ -102,6 +108,7 @@ impl Default for DispatcherConfig {
             start_delay: StartDelay::default(),
             backoff: BackoffConfig::default(),
             probe_timeout: Duration::from_secs(5),
+            pipeline_depth: DEFAULT_PIPELINE_DEPTH,
         }
     }
 }

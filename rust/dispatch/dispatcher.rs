@@ -1,6 +1,6 @@
 //! [`Dispatcher`]: the public face of the dispatcher and the state its links share.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -45,6 +45,9 @@ pub(crate) struct Shared {
     /// no closure meanwhile (each one they take is handed back, hence cancelled), so every
     /// closure queued when a closure failed ends cancelled, never run.
     pub failure_pending: AtomicBool,
+    /// Links that are up with nothing outstanding, waiting for work: while any is, no
+    /// busy link pipelines (see `pipeline.rs`).
+    pub idle_links: AtomicUsize,
 }
 
 impl Shared {
@@ -145,6 +148,7 @@ impl Dispatcher {
             stop: watch::Sender::new(false),
             given_up: watch::Sender::new(0),
             failure_pending: AtomicBool::new(false),
+            idle_links: AtomicUsize::new(0),
         });
         let dispatcher = Self {
             shared: Arc::clone(&shared),

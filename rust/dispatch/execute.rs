@@ -1,8 +1,9 @@
-//! Running one closure on a link's worker: its per-worker inputs first, then its function
-//! (registered once per worker connection), then `RunClosure`, and what the answer means.
+//! Preparing one closure for a link's worker — its per-worker inputs first, then its
+//! function (registered once per worker connection) — and what a worker's error for it
+//! means. Sending it and reading the answer is in `pipeline.rs`.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::closure::Closure;
 use super::failure::{ClosureFailure, FailureKind};
@@ -27,8 +28,6 @@ pub(crate) enum Verdict {
     WorkerFailed(String),
     /// The worker reported an infrastructure error: put the closure back.
     Retry,
-    /// `closure_timeout` expired.
-    TimedOut,
     /// The dispatcher is stopping.
     Stopped,
 }
@@ -50,73 +49,29 @@ enum NotRegistered {
 }
 
 impl<T: WorkerTransport> Link<T> {
-    /// One attempt at `closure` on this link's worker.
-    pub(super) fn execute(&mut self, closure: &Closure) -> Verdict {
+    /// Makes `closure` ready to send to this worker: its inputs built, its function
+    /// registered. The error is what to do with the closure instead.
+    // The large error is the verdict itself, moved once on a rare path.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn prepare(&mut self, closure: &Closure) -> Result<(), Verdict> {
         for resource in &closure.resources {
-            if let Err(verdict) = self.ensure_input(resource) {
-                return verdict;
-            }
+            self.ensure_input(resource)?;
         }
-        let request = closure.request();
-        let timeout = self.shared.config.closure_timeout;
-        let mut registered_again = false;
-        loop {
-            match self.ensure_function(&closure.function) {
-                Ok(()) => {}
-                Err(NotRegistered::Interrupted(interruption)) => return interruption.into(),
-                Err(NotRegistered::Refused(failure)) => return Verdict::Done(Err(failure)),
-            }
-            let started = Instant::now();
-            let run = self.transport.run_closure(request.clone(), timeout);
-            let Some(answer) = self.call(run) else {
-                return Verdict::Stopped;
-            };
-            return match answer {
-                Ok(response) => self.read_response(response, closure),
-                Err(RpcError::NotFound(_)) if !registered_again => {
-                    // The worker lost the function: a restart (then everything it held is
-                    // gone) or an eviction (then registering again is enough).
-                    if self.worker_lost() {
-                        return Verdict::WorkerFailed(
-                            "the worker restarted and lost its functions".to_owned(),
-                        );
-                    }
-                    self.sent.remove(closure.function.hash());
-                    registered_again = true;
-                    continue;
-                }
-                Err(error) if timeout.is_some_and(|limit| expired(&error, started, limit)) => {
-                    Verdict::TimedOut
-                }
-                Err(error) if self.is_worker_failure(&error) => {
-                    Verdict::WorkerFailed(error.message().to_owned())
-                }
-                Err(error) => Verdict::Done(Err(ClosureFailure::from_rpc(&error, self.address()))),
-            };
+        self.ensure_function_verdict(closure)
+    }
+
+    /// Registers `closure`'s function on this worker unless it holds it already.
+    #[allow(clippy::result_large_err)]
+    pub(super) fn ensure_function_verdict(&mut self, closure: &Closure) -> Result<(), Verdict> {
+        match self.ensure_function(&closure.function) {
+            Ok(()) => Ok(()),
+            Err(NotRegistered::Interrupted(interruption)) => Err(interruption.into()),
+            Err(NotRegistered::Refused(failure)) => Err(Verdict::Done(Err(failure))),
         }
     }
 
-    fn read_response(&mut self, response: pb::RunClosureResponse, closure: &Closure) -> Verdict {
-        use pb::run_closure_response::Outcome as Wire;
-        let error = match response.outcome {
-            Some(Wire::Result(value)) => {
-                return Verdict::Done(Ok(EncodedValue {
-                    pickle: value.pickle,
-                    buffers: value.buffers,
-                }))
-            }
-            Some(Wire::Error(error)) => error,
-            None => {
-                let message = format!(
-                    "worker {} answered RunClosure for closure {} with neither a result nor \
-                     an error",
-                    self.address(),
-                    closure.id()
-                );
-                let failure = ClosureFailure::infra(tonic::Code::Internal, message, self.address());
-                return Verdict::Done(Err(failure));
-            }
-        };
+    /// What a worker-reported error for `closure` means.
+    pub(super) fn read_error(&mut self, error: pb::ClosureError, closure: &Closure) -> Verdict {
         let kind = pb::ErrorKind::try_from(error.kind).unwrap_or(pb::ErrorKind::Unspecified);
         if kind == pb::ErrorKind::Infrastructure && closure.infra_retries < MAX_INFRA_RETRIES {
             return Verdict::Retry;
@@ -242,17 +197,6 @@ impl<T: WorkerTransport> Link<T> {
                 self.address(),
             ))),
         }
-    }
-}
-
-/// Whether a failed `RunClosure` means its `limit` expired: the client's own timer says
-/// `DEADLINE_EXCEEDED`, while a worker whose server enforced the `grpc-timeout` first
-/// answers `CANCELLED` ("Timeout expired") once the limit has passed.
-fn expired(error: &RpcError, started: Instant, limit: Duration) -> bool {
-    match error {
-        RpcError::DeadlineExceeded(_) => true,
-        RpcError::Cancelled(_) => started.elapsed() >= limit,
-        _ => false,
     }
 }
 

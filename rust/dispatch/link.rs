@@ -1,10 +1,12 @@
-//! One link per worker: a thread that serves its worker one work item at a time, and the
-//! worker's state machine (`up` → `recovering` → `up` | `given_up`) with reconnection
-//! backoff and resource rebuilding.
+//! One link per worker: a thread that feeds its worker closures over a `RunClosures`
+//! stream, and the worker's state machine (`up` → `recovering` → `up` | `given_up`) with
+//! reconnection backoff and resource rebuilding.
 //!
-//! Running one closure (inputs, function registration, the RPC and what its answer means)
-//! is in `execute.rs`; recovering a failed worker is in `recovery.rs`; this file is the
-//! loop around them.
+//! Preparing a closure (inputs, function registration) and what a worker's error means is
+//! in `execute.rs`; the stream, the closures outstanding on it and the pipelining rule are
+//! in `pipeline.rs`; recovering a failed worker is in `recovery.rs`; this file is the loop
+//! around them. Per-worker resource work (builds, releases) is served only when nothing is
+//! outstanding, one item at a time, as before pipelining.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -20,6 +22,7 @@ use super::execute::Verdict;
 use super::failure::ClosureFailure;
 use super::functions::SentFunctions;
 use super::metrics::Counters;
+use super::pipeline::Pipeline;
 use super::recovery::Recovery;
 use super::resources::{ResourceInner, ResourceState};
 use super::result_cell::{EncodedValue, Outcome};
@@ -54,6 +57,10 @@ pub(crate) struct Link<T> {
     pub(super) incarnation: Option<u64>,
     /// When the current recovery began (the dispatcher's creation for the first one).
     pub(super) recovering_since: Instant,
+    /// The stream to the worker and the closures outstanding on it.
+    pub(super) pipeline: Pipeline,
+    /// Work taken while closures were outstanding that must wait until none is.
+    pub(super) held: Option<Work>,
 }
 
 impl<T: WorkerTransport> Link<T> {
@@ -68,6 +75,8 @@ impl<T: WorkerTransport> Link<T> {
             sent: SentFunctions::default(),
             incarnation: None,
             recovering_since: Instant::now(),
+            pipeline: Pipeline::default(),
+            held: None,
         }
     }
 
@@ -81,6 +90,11 @@ impl<T: WorkerTransport> Link<T> {
 
     /// The thread body: connect, wait out the staggered start, then serve until stopped.
     pub fn run(mut self) {
+        self.serve_until_stopped();
+        self.abandon();
+    }
+
+    fn serve_until_stopped(&mut self) {
         let serve_from = Instant::now() + self.shared.config.start_delay.for_worker(self.index);
         loop {
             if *self.stop.borrow() {
@@ -96,9 +110,14 @@ impl<T: WorkerTransport> Link<T> {
                         return;
                     }
                 }
+                LinkState::Up if !self.pipeline.outstanding.is_empty() => self.await_answers(),
                 LinkState::Up => {
-                    let Some(work) = self.shared.queue.get(Some(self.tag()), None) else {
-                        return; // the queue was stopped
+                    let work = match self.held.take() {
+                        Some(work) => work,
+                        None => match self.take_when_idle() {
+                            Some(work) => work,
+                            None => return, // the queue was stopped
+                        },
                     };
                     self.serve(work);
                 }
@@ -137,8 +156,9 @@ impl<T: WorkerTransport> Link<T> {
         }
     }
 
-    /// Runs one closure and settles it, puts it back, or retries it.
-    fn run_closure(&mut self, mut closure: Closure) {
+    /// Starts one closure on an idle worker (then sends more if the pipelining rule
+    /// allows), or settles it if it cannot start.
+    fn run_closure(&mut self, closure: Closure) {
         if self.shared.failure_pending.load(Ordering::SeqCst) {
             // A closure failed under cancel_all: nothing queued starts until the error is
             // raised. Handing the closure back cancels it (the queue holds the error); in
@@ -148,18 +168,29 @@ impl<T: WorkerTransport> Link<T> {
             std::thread::yield_now();
             return;
         }
-        closure.attempts += 1;
-        match self.execute(&closure) {
+        match self.prepare(&closure) {
+            Ok(()) => {
+                self.send(vec![closure]);
+                if !self.pipeline.outstanding.is_empty() {
+                    self.top_up();
+                }
+            }
+            Err(verdict) => self.settle(closure, verdict),
+        }
+    }
+
+    /// Acts on what one execution attempt came to.
+    pub(super) fn settle(&mut self, mut closure: Closure, verdict: Verdict) {
+        match verdict {
             Verdict::Done(result) => self.finish(closure, result),
             Verdict::WorkerFailed(reason) => {
-                self.worker_failed(&reason);
                 self.put_back(closure);
+                self.worker_failed(&reason);
             }
             Verdict::Retry => {
                 closure.infra_retries += 1;
                 self.put_back(closure);
             }
-            Verdict::TimedOut => self.timed_out(closure),
             // The queue is stopped, so this cancels it.
             Verdict::Stopped => self.put_back(closure),
         }
@@ -167,7 +198,7 @@ impl<T: WorkerTransport> Link<T> {
 
     /// `closure_timeout` expired: retry elsewhere once, then fail naming the workers; this
     /// worker takes nothing new until it reports idle.
-    fn timed_out(&mut self, mut closure: Closure) {
+    pub(super) fn timed_out(&mut self, mut closure: Closure) {
         let address = self.address().to_owned();
         closure.timed_out_on.push(address.clone());
         if closure.timed_out_on.len() >= 2 {
@@ -243,9 +274,14 @@ impl<T: WorkerTransport> Link<T> {
                 closure.settle(Outcome::Failed(Arc::clone(&failure)));
                 match shared.config.error_policy {
                     ErrorPolicy::CancelAll => {
-                        // Set first, so no link starts a closure the raise will cancel.
+                        // Set first, so no link starts a closure the raise will cancel,
+                        // then have every link take back what its worker has queued.
                         shared.failure_pending.store(true, Ordering::SeqCst);
-                        shared.queue.mark_failed(failure)
+                        let verdict = shared.queue.mark_failed(failure);
+                        for link in &shared.links {
+                            link.reclaim.notify_one();
+                        }
+                        verdict
                     }
                     ErrorPolicy::PerClosure => shared.queue.mark_finished(),
                 }
@@ -254,7 +290,8 @@ impl<T: WorkerTransport> Link<T> {
         debug_assert!(verdict.is_ok(), "a link settled a closure it did not take");
     }
 
-    fn put_back(&self, closure: Closure) {
+    /// Re-queues a closure that started (or may have) and must run again.
+    pub(super) fn put_back(&self, closure: Closure) {
         Counters::bump(&self.shared.counters.retried);
         let verdict = self.shared.queue.put_back(Work::Closure(closure));
         debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
@@ -263,14 +300,7 @@ impl<T: WorkerTransport> Link<T> {
     /// Runs `future` on the shared runtime from this thread; `None` if the dispatcher
     /// stopped first (the future is dropped, cancelling its RPC).
     pub(super) fn call<F: Future>(&self, future: F) -> Option<F::Output> {
-        let mut stop = self.stop.clone();
-        self.runtime.block_on(async move {
-            tokio::select! {
-                biased;
-                _ = stop.wait_for(|stopped| *stopped) => None,
-                output = future => Some(output),
-            }
-        })
+        run_on(&self.runtime, &self.stop, future)
     }
 
     /// Sleeps unless the dispatcher stops first; returns whether it slept through.
@@ -287,4 +317,22 @@ impl<T: WorkerTransport> Link<T> {
             .release_resource(vec![resource.id], Some(RELEASE_TIMEOUT));
         let _ = self.call(release);
     }
+}
+
+/// Runs `future` on `runtime` from the calling thread; `None` if `stop` turned true first
+/// (the future is dropped, cancelling its RPC). A free function, so a caller can lend it
+/// a future that borrows other fields of the link mutably.
+pub(super) fn run_on<F: Future>(
+    runtime: &Handle,
+    stop: &watch::Receiver<bool>,
+    future: F,
+) -> Option<F::Output> {
+    let mut stop = stop.clone();
+    runtime.block_on(async move {
+        tokio::select! {
+            biased;
+            _ = stop.wait_for(|stopped| *stopped) => None,
+            output = future => Some(output),
+        }
+    })
 }

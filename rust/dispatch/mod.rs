@@ -82,6 +82,7 @@ pub mod fake;
 pub mod functions;
 mod link;
 pub mod metrics;
+mod pipeline;
 mod recovery;
 pub mod resources;
 pub mod result_cell;

@@ -46,8 +46,10 @@ pub(crate) enum Recovery {
 }
 
 impl<T: WorkerTransport> Link<T> {
-    /// Marks the worker failed: its resources are aborted and the link starts recovering.
+    /// Marks the worker failed: whatever was outstanding on it goes back to the queue, its
+    /// resources are aborted and the link starts recovering.
     pub(super) fn worker_failed(&mut self, reason: &str) {
+        self.forget_pipeline();
         Counters::bump(&self.shared.counters.worker_failures);
         self.recovering_since = Instant::now();
         self.shared.links[self.index].set(LinkState::Recovering, Some(reason.to_owned()));

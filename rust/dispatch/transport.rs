@@ -8,14 +8,15 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::rpc::{pb, RpcError, WorkerClient};
+use crate::rpc::{pb, ClosureChannel, RpcError, WorkerClient};
 
 /// The calls a link makes to its worker. Every call takes an optional timeout; on expiry
 /// it fails with [`RpcError::DeadlineExceeded`].
 ///
 /// A worker that cannot be reached, or is shutting down, answers
 /// [`RpcError::Unavailable`]; a closure that ran and raised is not an error here but an
-/// `Ok` response carrying `outcome = Error`.
+/// answer carrying `outcome = Error`. Closures travel on `RunClosures` streams only: the
+/// unary `RunClosure` stays in the protocol for other clients (e.g. `grpcio`).
 pub trait WorkerTransport: Send + Sync + 'static {
     /// The worker's address, as configured (used in messages and metrics).
     fn address(&self) -> &str;
@@ -33,12 +34,16 @@ pub trait WorkerTransport: Send + Sync + 'static {
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<pb::RegisterFunctionResponse, RpcError>> + Send;
 
-    /// Runs a registered function on arguments.
-    fn run_closure(
+    /// The largest message the worker accepts, in bytes: a closure whose request is larger
+    /// cannot be sent.
+    fn max_message_bytes(&self) -> usize;
+
+    /// Opens a `RunClosures` stream whose first message is `first`. Resolves once the
+    /// worker accepted the call; a refused call (e.g. `UNAUTHENTICATED`) queued nothing.
+    fn run_closures(
         &self,
-        request: pb::RunClosureRequest,
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<pb::RunClosureResponse, RpcError>> + Send;
+        first: pb::RunClosuresRequest,
+    ) -> impl Future<Output = Result<ClosureChannel, RpcError>> + Send;
 
     /// Runs a registered function and keeps its result on the worker as a resource.
     fn create_resource(
@@ -75,12 +80,15 @@ impl WorkerTransport for WorkerClient {
         WorkerClient::register_function(self, request, timeout)
     }
 
-    fn run_closure(
+    fn max_message_bytes(&self) -> usize {
+        WorkerClient::max_message_bytes(self)
+    }
+
+    fn run_closures(
         &self,
-        request: pb::RunClosureRequest,
-        timeout: Option<Duration>,
-    ) -> impl Future<Output = Result<pb::RunClosureResponse, RpcError>> + Send {
-        WorkerClient::run_closure(self, request, timeout)
+        first: pb::RunClosuresRequest,
+    ) -> impl Future<Output = Result<ClosureChannel, RpcError>> + Send {
+        WorkerClient::run_closures(self, first)
     }
 
     fn create_resource(

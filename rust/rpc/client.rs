@@ -20,7 +20,7 @@ use super::limits::{
 use super::pb;
 use super::RpcError;
 
-type Inner = pb::worker_client::WorkerClient<InterceptedService<Channel, BearerToken>>;
+pub(super) type Inner = pb::worker_client::WorkerClient<InterceptedService<Channel, BearerToken>>;
 
 /// How to reach a worker.
 #[derive(Debug, Clone)]
@@ -70,6 +70,7 @@ pub fn endpoint_uri(address: &str) -> Result<String, RpcError> {
 pub struct WorkerClient {
     inner: Inner,
     address: String,
+    max_message_bytes: usize,
 }
 
 impl WorkerClient {
@@ -100,12 +101,23 @@ impl WorkerClient {
         Ok(Self {
             inner,
             address: config.address.clone(),
+            max_message_bytes: limit,
         })
     }
 
     /// The address this client was made for, as given.
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// The largest request or response this client sends or accepts, in bytes.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
+    }
+
+    /// A handle on the generated client (cheap: clones share the connection).
+    pub(super) fn inner(&self) -> Inner {
+        self.inner.clone()
     }
 
     /// Health, identity and counters of the worker.

@@ -6,10 +6,12 @@
 
 pub mod auth;
 pub mod client;
+pub mod closure_stream;
 pub mod limits;
 pub mod status;
 
 pub use client::{ClientConfig, WorkerClient};
+pub use closure_stream::ClosureChannel;
 pub use status::RpcError;
 
 /// Messages and service stubs generated from `protos/jaxcluster/v1/worker.proto`.
@@ -22,7 +24,7 @@ pub mod pb {
 pub const HASH_LEN: usize = 32;
 
 /// Revision of the v1 protocol this build speaks (`GetStatusResponse.protocol_revision`).
-pub const PROTOCOL_REVISION: u32 = 1;
+pub const PROTOCOL_REVISION: u32 = 2;
 
 /// The content hash of a function payload: its SHA-256 digest.
 ///

@@ -1,11 +1,15 @@
 //! The hand-off between async RPC handlers and the (Python) executor thread.
 //!
-//! Handlers push a [`Job`] and await its reply on a oneshot channel; one executor thread
-//! pops jobs in arrival order, blocking on a condition variable (so the Python side can
-//! wait with the GIL released), and runs them one at a time. The queue also owns the
-//! shutdown protocol: once draining, new jobs are refused with `UNAVAILABLE`, queued ones
-//! are handed back the same way, and [`JobQueue::wait_idle`] returns when the job in
-//! progress has been answered.
+//! Unary handlers push a [`Job`] and await its reply on a oneshot channel; closures of a
+//! `RunClosures` stream are pushed with their stream as the reply target (see
+//! `stream.rs`). One executor thread pops jobs in arrival order, blocking on a condition
+//! variable (so the Python side can wait with the GIL released), and runs them one at a
+//! time. The queue also owns the shutdown protocol: once draining, new jobs are refused
+//! with `UNAVAILABLE`, queued ones are handed back the same way, and
+//! [`JobQueue::wait_idle`] returns when the job in progress has been answered.
+//!
+//! A notify on a futex condition variable is a system call even with nobody asleep, so
+//! sleepers are counted and producers notify only when there is one.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -17,6 +21,7 @@ use tonic::Status;
 
 use super::stats::Stats;
 use super::store::StoredFunction;
+use super::stream::ClosureStream;
 use crate::rpc::pb;
 
 /// What a job asks the executor to do.
@@ -52,6 +57,14 @@ impl JobRequest {
     fn runs_code(&self) -> bool {
         !matches!(self, Self::ReleaseResource { .. })
     }
+
+    /// The closure id of a `Run` job.
+    fn closure_id(&self) -> u64 {
+        match self {
+            Self::Run { closure_id, .. } => *closure_id,
+            _ => 0,
+        }
+    }
 }
 
 /// The executor's answer to a job; the variant matches the request's.
@@ -67,11 +80,19 @@ pub enum JobReply {
 
 type ReplySender = oneshot::Sender<Result<JobReply, Status>>;
 
+/// Where a job's answer goes.
+enum ReplyTo {
+    /// A unary call awaiting its oneshot.
+    Call(ReplySender),
+    /// A closure of a `RunClosures` stream.
+    Stream(Arc<ClosureStream>),
+}
+
 /// A request taken by the executor. Answer it with [`Job::reply`] or [`Job::reply_status`];
 /// a job dropped unanswered replies `INTERNAL`, so its caller never hangs.
 pub struct Job {
     request: JobRequest,
-    reply: Option<ReplySender>,
+    reply: Option<ReplyTo>,
     /// Set once popped: answering or dropping the job ends its inflight period.
     queue: Option<Arc<JobQueue>>,
 }
@@ -101,13 +122,72 @@ impl Job {
     }
 
     fn send(&mut self, result: Result<JobReply, Status>) {
-        if let Some(sender) = self.reply.take() {
+        match self.reply.take() {
             // The caller may have gone away (cancelled or timed out); nothing to do then.
-            let _ = sender.send(result);
+            Some(ReplyTo::Call(sender)) => drop(sender.send(result)),
+            Some(ReplyTo::Stream(stream)) => self.answer_streamed(&stream, result),
+            None => {}
         }
         if let Some(queue) = self.queue.take() {
             queue.finish_one();
         }
+    }
+
+    /// Sends a streamed closure's answer. An error halts a `halt_on_error` stream first
+    /// (so the coordinator's `resume`, sent after it reads the error, finds the halt), and
+    /// the closures the halt hands back are answered after the error.
+    fn answer_streamed(&self, stream: &Arc<ClosureStream>, result: Result<JobReply, Status>) {
+        let reply = match result {
+            Ok(JobReply::Run(response)) => stream.prepare(response).inspect_err(|_| {
+                if let Some(queue) = &self.queue {
+                    queue.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                }
+            }),
+            Ok(_) => Err(Status::internal(
+                "the worker's executor answered a streamed closure with a reply of the wrong \
+                 kind (a bug)",
+            )),
+            Err(status) => Err(status),
+        };
+        let failed = !matches!(&reply, Ok(answer) if is_success(answer));
+        let halted = match &self.queue {
+            Some(queue) if failed => queue.halt_stream(stream),
+            _ => Vec::new(),
+        };
+        match reply {
+            Ok(answer) => stream.send(answer),
+            Err(status) => stream.refuse(self.request.closure_id(), &status),
+        }
+        hand_back(halted, HALT_REASON);
+    }
+
+    /// The stream this job answers on, if any.
+    fn stream(&self) -> Option<&Arc<ClosureStream>> {
+        match &self.reply {
+            Some(ReplyTo::Stream(stream)) => Some(stream),
+            _ => None,
+        }
+    }
+
+    /// Answers a queued streamed closure `returned`, unstarted.
+    fn hand_back(mut self, reason: &str) {
+        if let Some(ReplyTo::Stream(stream)) = self.reply.take() {
+            stream.hand_back(self.request.closure_id(), reason);
+        }
+    }
+}
+
+const HALT_REASON: &str = "a closure sent before it on this stream failed, and the stream \
+                           halts on errors (halt_on_error) until the coordinator resumes it";
+
+fn is_success(reply: &pb::ClosureReply) -> bool {
+    matches!(reply.outcome, Some(pb::closure_reply::Outcome::Result(_)))
+}
+
+/// Answers each of `jobs` `returned`, unstarted.
+fn hand_back(jobs: Vec<Job>, reason: &str) {
+    for job in jobs {
+        job.hand_back(reason);
     }
 }
 
@@ -139,6 +219,8 @@ struct State {
     jobs: VecDeque<Job>,
     draining: bool,
     inflight: usize,
+    /// Threads waiting on `changed`.
+    sleepers: usize,
 }
 
 /// FIFO of jobs between RPC handlers and the single executor thread.
@@ -147,6 +229,9 @@ pub struct JobQueue {
     changed: Condvar,
     stats: Arc<Stats>,
     worker_index: i64,
+    /// Turns `true` when draining begins, for async readers (the streams' request
+    /// readers stop reading then, so open streams end and shutdown can complete).
+    drain_signal: tokio::sync::watch::Sender<bool>,
 }
 
 impl JobQueue {
@@ -157,7 +242,14 @@ impl JobQueue {
             changed: Condvar::new(),
             stats,
             worker_index,
+            drain_signal: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Resolves once draining has begun.
+    pub(super) async fn drained(&self) {
+        let mut signal = self.drain_signal.subscribe();
+        let _ = signal.wait_for(|draining| *draining).await;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -187,12 +279,110 @@ impl JobQueue {
         }
         state.jobs.push_back(Job {
             request,
-            reply: Some(sender),
+            reply: Some(ReplyTo::Call(sender)),
             queue: None,
         });
-        drop(state);
-        self.changed.notify_all();
+        self.wake(state);
         Ok(receiver)
+    }
+
+    /// Queues closures of `stream`, in order, answering each on the stream. While draining
+    /// they are refused `UNAVAILABLE`; while the stream is halted they are handed back.
+    pub(super) fn push_streamed(&self, jobs: Vec<(u64, JobRequest)>, stream: &Arc<ClosureStream>) {
+        if jobs.is_empty() {
+            return;
+        }
+        let mut state = self.lock();
+        if state.draining || stream.is_halted() {
+            let draining = state.draining;
+            drop(state);
+            let status = self.draining_status();
+            for (closure_id, _) in jobs {
+                if draining {
+                    stream.refuse(closure_id, &status);
+                } else {
+                    stream.hand_back(closure_id, HALT_REASON);
+                }
+            }
+            return;
+        }
+        state.jobs.extend(jobs.into_iter().map(|(_, request)| Job {
+            request,
+            reply: Some(ReplyTo::Stream(Arc::clone(stream))),
+            queue: None,
+        }));
+        self.wake(state);
+    }
+
+    /// Refuses a streamed closure that failed its checks, halting the stream first if it
+    /// halts on errors.
+    pub(super) fn refuse_streamed(
+        &self,
+        stream: &Arc<ClosureStream>,
+        closure_id: u64,
+        status: &Status,
+    ) {
+        let halted = self.halt_stream(stream);
+        stream.refuse(closure_id, status);
+        hand_back(halted, HALT_REASON);
+    }
+
+    /// Halts `stream` if it halts on errors; returns its queued jobs, for the caller to
+    /// hand back once it has sent the error.
+    pub(super) fn halt_stream(&self, stream: &ClosureStream) -> Vec<Job> {
+        if !stream.halts_on_error() {
+            return Vec::new();
+        }
+        let mut state = self.lock();
+        stream.set_halted(true);
+        take_jobs_of(&mut state, stream)
+    }
+
+    /// Ends a halt of `stream`.
+    pub(super) fn resume_stream(&self, stream: &ClosureStream) {
+        let _state = self.lock();
+        stream.set_halted(false);
+    }
+
+    /// Hands back, unstarted, every queued job of `stream`.
+    pub(super) fn hand_back_stream(&self, stream: &ClosureStream, reason: &str) {
+        let taken = take_jobs_of(&mut self.lock(), stream);
+        hand_back(taken, reason);
+    }
+
+    /// Releases `state` and wakes the executor if it sleeps.
+    fn wake(&self, state: MutexGuard<'_, State>) {
+        let sleeping = state.sleepers > 0;
+        drop(state);
+        if sleeping {
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits on `changed` until notified or `timeout` passes.
+    fn sleep<'a>(
+        &self,
+        mut state: MutexGuard<'a, State>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, State> {
+        state.sleepers += 1;
+        let mut state = self
+            .changed
+            .wait_timeout(state, timeout)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+        state.sleepers -= 1;
+        state
+    }
+
+    /// Takes the next job if one is queued and none is running; never waits.
+    pub fn try_pop(self: &Arc<Self>) -> Pop {
+        let mut state = self.lock();
+        self.take_next(&mut state).unwrap_or(if state.draining {
+            Pop::Drained
+        } else {
+            Pop::Empty
+        })
     }
 
     /// Takes the next job, waiting up to `timeout` for one.
@@ -200,13 +390,8 @@ impl JobQueue {
         let deadline = Instant::now() + timeout;
         let mut state = self.lock();
         loop {
-            if state.inflight > 0 {
-                return Pop::Busy;
-            }
-            if let Some(mut job) = state.jobs.pop_front() {
-                state.inflight += 1;
-                job.queue = Some(Arc::clone(self));
-                return Pop::Job(job);
+            if let Some(pop) = self.take_next(&mut state) {
+                return pop;
             }
             if state.draining {
                 return Pop::Drained;
@@ -215,19 +400,32 @@ impl JobQueue {
             if now >= deadline {
                 return Pop::Empty;
             }
-            state = self
-                .changed
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = self.sleep(state, deadline - now);
         }
+    }
+
+    /// `Busy`, the next job, or `None` when nothing is queued. Skips closures whose
+    /// stream's client went away: nobody would read their answers.
+    fn take_next(self: &Arc<Self>, state: &mut State) -> Option<Pop> {
+        if state.inflight > 0 {
+            return Some(Pop::Busy);
+        }
+        while let Some(mut job) = state.jobs.pop_front() {
+            if job.stream().is_some_and(|stream| stream.is_abandoned()) {
+                job.reply = None;
+                continue;
+            }
+            state.inflight += 1;
+            job.queue = Some(Arc::clone(self));
+            return Some(Pop::Job(job));
+        }
+        None
     }
 
     fn finish_one(&self) {
         let mut state = self.lock();
         state.inflight = state.inflight.saturating_sub(1);
-        drop(state);
-        self.changed.notify_all();
+        self.wake(state);
     }
 
     /// Stops taking jobs that run code and hands queued ones back with `UNAVAILABLE`.
@@ -238,13 +436,13 @@ impl JobQueue {
             return false;
         }
         state.draining = true;
+        self.drain_signal.send_replace(true);
         let (refused, kept): (Vec<Job>, Vec<Job>) = state
             .jobs
             .drain(..)
             .partition(|job| job.request.runs_code());
         state.jobs.extend(kept);
-        drop(state);
-        self.changed.notify_all();
+        self.wake(state);
         for job in refused {
             let status = self.draining_status();
             let mut job = job;
@@ -271,11 +469,7 @@ impl JobQueue {
             if now >= deadline {
                 return false;
             }
-            state = self
-                .changed
-                .wait_timeout(state, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            state = self.sleep(state, deadline - now);
         }
     }
 
@@ -284,6 +478,15 @@ impl JobQueue {
         let state = self.lock();
         (state.jobs.len(), state.inflight)
     }
+}
+
+/// Removes the queued jobs of `stream` from `state`, in order.
+fn take_jobs_of(state: &mut State, stream: &ClosureStream) -> Vec<Job> {
+    let (taken, kept): (Vec<Job>, Vec<Job>) = std::mem::take(&mut state.jobs)
+        .into_iter()
+        .partition(|job| job.stream().is_some_and(|own| own.is(stream)));
+    state.jobs = kept.into();
+    taken
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod jobs;
 pub mod service;
 pub mod stats;
 pub mod store;
+pub mod stream;
 pub mod validate;
 
 use std::net::SocketAddr;

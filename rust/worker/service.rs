@@ -6,11 +6,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prost::Message;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::jobs::{JobQueue, JobReply, JobRequest};
 use super::stats::Stats;
 use super::store::{FunctionStore, StoredFunction};
+use super::stream::{self, Replies};
 use super::validate;
 use crate::rpc::limits::too_large;
 use crate::rpc::{pb, HASH_LEN, PROTOCOL_REVISION};
@@ -68,7 +69,7 @@ impl Shared {
         }
     }
 
-    fn lookup(&self, hash: &[u8; HASH_LEN]) -> Result<StoredFunction, Status> {
+    pub(super) fn lookup(&self, hash: &[u8; HASH_LEN]) -> Result<StoredFunction, Status> {
         self.store.get(hash).ok_or_else(|| {
             self.stats.reject(Status::not_found(format!(
                 "worker {} holds no function with hash 0x{}; call RegisterFunction with its \
@@ -177,6 +178,18 @@ impl pb::worker_server::Worker for WorkerService {
         };
         shared.check_size(&response, "the closure's result")?;
         Ok(Response::new(response))
+    }
+
+    type RunClosuresStream = Replies;
+
+    async fn run_closures(
+        &self,
+        request: Request<Streaming<pb::RunClosuresRequest>>,
+    ) -> Result<Response<Self::RunClosuresStream>, Status> {
+        Ok(Response::new(stream::serve(
+            &self.shared,
+            request.into_inner(),
+        )))
     }
 
     async fn create_resource(

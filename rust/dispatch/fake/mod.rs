@@ -14,6 +14,7 @@
 //! persistent ids.
 
 pub mod behaviour;
+mod stream;
 mod transport;
 mod worker;
 

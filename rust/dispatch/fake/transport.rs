@@ -4,10 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::behaviour::Behaviour;
+use super::stream;
 use super::worker::{died, execute, user_error, FakeWorker};
 use super::{lock, ClusterInner};
 use crate::dispatch::WorkerTransport;
-use crate::rpc::{pb, RpcError, HASH_LEN};
+use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::rpc::{pb, ClosureChannel, RpcError, HASH_LEN};
 
 /// A [`WorkerTransport`] to one fake worker.
 #[derive(Clone)]
@@ -37,7 +39,14 @@ impl FakeTransport {
         });
     }
 
-    async fn run(
+    /// The error of a call to this worker while it is down.
+    pub(super) fn down(&self) -> RpcError {
+        self.worker().down()
+    }
+
+    /// Runs one closure as the worker's executor would; `Err` is what unary `RunClosure`
+    /// would fail with (`UNAVAILABLE` when the worker is or goes down).
+    pub(super) async fn run(
         &self,
         request: pb::RunClosureRequest,
     ) -> Result<pb::RunClosureResponse, RpcError> {
@@ -156,12 +165,16 @@ impl WorkerTransport for FakeTransport {
         .await
     }
 
-    async fn run_closure(
+    fn max_message_bytes(&self) -> usize {
+        DEFAULT_MAX_MESSAGE_BYTES
+    }
+
+    async fn run_closures(
         &self,
-        request: pb::RunClosureRequest,
-        timeout: Option<Duration>,
-    ) -> Result<pb::RunClosureResponse, RpcError> {
-        bounded(timeout, self.run(request)).await
+        first: pb::RunClosuresRequest,
+    ) -> Result<ClosureChannel, RpcError> {
+        let (incarnation, live) = self.worker().begin("RunClosures", None)?;
+        Ok(stream::open(self, incarnation, live, first))
     }
 
     async fn create_resource(

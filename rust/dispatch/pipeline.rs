@@ -1,0 +1,477 @@
+//! A link's `RunClosures` stream to its worker, the closures outstanding on it, and the
+//! pipelining rule.
+//!
+//! # Pipelining, and why it stays work-conserving
+//!
+//! An idle link (nothing outstanding) blocks on the queue and sends the closure it gets.
+//! A busy link may send more — up to `1 + pipeline_depth` outstanding, several per
+//! message — only while **no link is idle**: it takes closures without waiting
+//! (`try_get`), and only between two answers of its worker. Two rules keep a closure from
+//! waiting behind another on a busy worker while some worker is idle:
+//!
+//! - *Re-check after taking.* A busy link counts a closure as outstanding, then reads the
+//!   idle count again (both `SeqCst`); if a link went idle meanwhile, the closure goes back
+//!   to the queue for it.
+//! - *Reclaim when starving.* A link that goes idle and finds the queue empty asks every
+//!   link with two or more outstanding to reclaim: that link sends `return_queued`, and the
+//!   worker hands back, unstarted, what it had queued (the idle link then takes it from the
+//!   queue). With the re-check, one of the two always sees the other: either the pipelining
+//!   link sees the idle count, or the idle link sees its outstanding count.
+//!
+//! A closure handed back did not run: it is re-queued without counting as a retry.
+//!
+//! # Failures
+//!
+//! Under `cancel_all` the stream is opened with `halt_on_error`: after a closure fails, the
+//! worker starts none of the stream's queued closures but hands them back (and they are
+//! cancelled, the error being pending), and a link that settles a failure asks every other
+//! link to reclaim too, so no pipelined closure starts after a failure is known. The next
+//! message after an error carries `resume`. A broken stream (the worker died) puts every
+//! outstanding closure back: at least once, never lost. `closure_timeout` turns pipelining
+//! off (an execution's clock must start when it starts, which only an idle worker
+//! guarantees), and the link times the one closure outstanding itself.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use prost::Message;
+
+use super::closure::{Closure, Work};
+use super::config::ErrorPolicy;
+use super::execute::Verdict;
+use super::failure::ClosureFailure;
+use super::link::{run_on, Link};
+use super::result_cell::EncodedValue;
+use super::transport::WorkerTransport;
+use crate::queue::TryGetError;
+use crate::rpc::limits::too_large;
+use crate::rpc::{pb, ClosureChannel, RpcError};
+
+/// What wrapping one closure in a `RunClosuresRequest` adds at most (tag and length).
+const REQUEST_FRAMING: usize = 16;
+
+/// A closure sent on the stream and not answered yet.
+pub(super) struct Sent {
+    pub closure: Closure,
+    /// When it was sent (its execution clock under `closure_timeout`, nothing being
+    /// queued before it then).
+    pub since: Instant,
+    /// Its function was registered again after a `NOT_FOUND` (done at most once).
+    pub registered_again: bool,
+}
+
+/// The stream and what is outstanding on it.
+#[derive(Default)]
+pub(super) struct Pipeline {
+    channel: Option<ClosureChannel>,
+    /// In the order sent.
+    pub outstanding: VecDeque<Sent>,
+    /// The worker halted the stream after an error: the next message carries `resume`.
+    resume: bool,
+    /// The worker refused a closure with `UNAVAILABLE` (it is shutting down): send nothing
+    /// more, collect the answers still due, then recover.
+    going_away: Option<String>,
+}
+
+/// What ended a wait for answers.
+enum Event {
+    Answers(Option<Result<pb::RunClosuresResponse, RpcError>>),
+    Reclaim,
+    TimedOut,
+}
+
+impl<T: WorkerTransport> Link<T> {
+    /// Closures this link may have outstanding: one running, plus the pipeline depth
+    /// (none under `closure_timeout`).
+    fn capacity(&self) -> usize {
+        let config = &self.shared.config;
+        1 + if config.closure_timeout.is_some() {
+            0
+        } else {
+            config.pipeline_depth
+        }
+    }
+
+    /// Publishes how many closures this link has outstanding (read by idle links).
+    fn publish(&self, extra: usize) {
+        let count = self.pipeline.outstanding.len() + extra;
+        self.shared.links[self.index]
+            .outstanding
+            .store(count, Ordering::SeqCst);
+    }
+
+    /// Whether a busy link may send another closure now.
+    fn may_pipeline(&self) -> bool {
+        self.pipeline.going_away.is_none()
+            && !self.shared.failure_pending.load(Ordering::SeqCst)
+            && self.shared.idle_links.load(Ordering::SeqCst) == 0
+    }
+
+    /// Takes work as an idle link: without waiting if some is queued, else after asking
+    /// pipelining links to reclaim, blocking until work arrives. `None` once stopped.
+    pub(super) fn take_when_idle(&mut self) -> Option<Work> {
+        let shared = &self.shared;
+        shared.idle_links.fetch_add(1, Ordering::SeqCst);
+        let work = match shared.queue.try_get(Some(self.tag())) {
+            Ok(work) => Some(work),
+            Err(TryGetError::Stopped) => None,
+            Err(TryGetError::Empty) => {
+                for link in &shared.links {
+                    if link.outstanding() >= 2 {
+                        link.reclaim.notify_one();
+                    }
+                }
+                shared.queue.get(Some(self.tag()), None)
+            }
+        };
+        shared.idle_links.fetch_sub(1, Ordering::SeqCst);
+        work
+    }
+
+    /// Sends as many queued closures as the pipelining rule allows, in one message.
+    pub(super) fn top_up(&mut self) {
+        let capacity = self.capacity();
+        let mut batch = Vec::new();
+        while self.held.is_none()
+            && self.pipeline.outstanding.len() + batch.len() < capacity
+            && self.may_pipeline()
+        {
+            let Ok(work) = self.shared.queue.try_get(Some(self.tag())) else {
+                break;
+            };
+            let closure = match work {
+                Work::Closure(closure) if self.inputs_ready_here(&closure) => closure,
+                Work::Closure(closure) => {
+                    // A per-worker input must be built here first, behind what is running:
+                    // leave it to an idle worker, or to this one once it is idle.
+                    self.requeue(closure);
+                    break;
+                }
+                other => {
+                    // Resource work for this worker: served once the pipeline has drained.
+                    self.held = Some(other);
+                    break;
+                }
+            };
+            self.publish(batch.len() + 1);
+            if !self.may_pipeline() {
+                // A link went idle meanwhile (or a closure failed): it gets this one.
+                self.publish(batch.len());
+                self.requeue(closure);
+                break;
+            }
+            // A function new to this worker is registered right away: the worker stores it
+            // without waiting for its executor.
+            if let Err(verdict) = self.ensure_function_verdict(&closure) {
+                for taken in batch {
+                    self.requeue(taken);
+                }
+                self.publish(0);
+                self.settle(closure, verdict);
+                return;
+            }
+            batch.push(closure);
+        }
+        self.send(batch);
+    }
+
+    /// Whether `closure`'s per-worker inputs are built on this worker.
+    fn inputs_ready_here(&self, closure: &Closure) -> bool {
+        closure.resources.iter().all(|resource| {
+            !resource.is_released()
+                && resource.state(self.index) == super::resources::ResourceState::Ready
+        })
+    }
+
+    /// Re-queues a closure this link took but did not send (not a retry).
+    fn requeue(&self, closure: Closure) {
+        let verdict = self.shared.queue.put_back(Work::Closure(closure));
+        debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
+    }
+
+    /// Sends `closures` (ready to run here), opening the stream first if needed.
+    pub(super) fn send(&mut self, closures: Vec<Closure>) {
+        self.send_closures(closures, false);
+    }
+
+    /// [`send`](Self::send); `registered_again` marks closures retried after their
+    /// function was registered again.
+    fn send_closures(&mut self, closures: Vec<Closure>, registered_again: bool) {
+        let limit = self.transport.max_message_bytes();
+        let mut messages: Vec<pb::RunClosuresRequest> = Vec::new();
+        let mut size = limit; // forces a first message
+        for mut closure in closures {
+            let request = closure.request();
+            let needed = request.encoded_len() + REQUEST_FRAMING;
+            if needed > limit {
+                let status = too_large("the closure's request", needed, limit);
+                let error = RpcError::from(status);
+                let failure = ClosureFailure::from_rpc(&error, self.address());
+                self.finish(closure, Err(failure));
+                continue;
+            }
+            if size + needed > limit {
+                messages.push(pb::RunClosuresRequest::default());
+                size = 0;
+            }
+            size += needed;
+            if let Some(message) = messages.last_mut() {
+                message.closures.push(request);
+            }
+            closure.attempts += 1;
+            self.pipeline.outstanding.push_back(Sent {
+                closure,
+                since: Instant::now(),
+                registered_again,
+            });
+        }
+        self.publish(0);
+        for mut message in messages {
+            message.resume = std::mem::take(&mut self.pipeline.resume);
+            if let Some(channel) = &self.pipeline.channel {
+                // A closed channel means the stream ended; the next wait for answers sees
+                // that and puts the outstanding closures back.
+                channel.send(message);
+                continue;
+            }
+            message.halt_on_error = self.shared.config.error_policy == ErrorPolicy::CancelAll;
+            if !self.open(message) {
+                return;
+            }
+        }
+    }
+
+    /// Opens the stream with `first`; `false` if that failed (the outstanding closures
+    /// were then settled or put back).
+    fn open(&mut self, first: pb::RunClosuresRequest) -> bool {
+        let Some(opened) = self.call(self.transport.run_closures(first)) else {
+            self.abandon();
+            return false;
+        };
+        match opened {
+            Ok(channel) => {
+                self.pipeline.channel = Some(channel);
+                true
+            }
+            Err(error) => {
+                self.stream_failed(&error);
+                false
+            }
+        }
+    }
+
+    /// Waits for the worker's next answers (or a reclaim request, or the closure timeout)
+    /// and acts on them.
+    pub(super) fn await_answers(&mut self) {
+        let deadline = self.shared.config.closure_timeout.and_then(|limit| {
+            self.pipeline
+                .outstanding
+                .front()
+                .map(|sent| sent.since + limit)
+        });
+        let Some(channel) = self.pipeline.channel.as_mut() else {
+            // Only reachable if opening failed without settling; put everything back.
+            self.abandon();
+            return;
+        };
+        let reclaim = &self.shared.links[self.index].reclaim;
+        let event = run_on(&self.runtime, &self.stop, async {
+            tokio::select! {
+                biased;
+                answers = channel.next() => Event::Answers(answers),
+                () = reclaim.notified() => Event::Reclaim,
+                () = sleep_until(deadline) => Event::TimedOut,
+            }
+        });
+        match event {
+            None => self.abandon(),
+            Some(Event::Answers(Some(Ok(response)))) => {
+                for reply in response.replies {
+                    self.on_reply(reply);
+                }
+                if self.pipeline.outstanding.is_empty() {
+                    if let Some(reason) = self.pipeline.going_away.take() {
+                        self.worker_failed(&reason);
+                        return;
+                    }
+                }
+                if !self.pipeline.outstanding.is_empty() {
+                    self.top_up();
+                }
+            }
+            Some(Event::Answers(Some(Err(error)))) => self.stream_failed(&error),
+            Some(Event::Answers(None)) => {
+                let error = RpcError::Unavailable(format!(
+                    "worker {} ended the RunClosures stream with closures outstanding",
+                    self.address()
+                ));
+                self.stream_failed(&error);
+            }
+            Some(Event::Reclaim) => self.reclaim(),
+            Some(Event::TimedOut) => {
+                if let Some(sent) = self.pipeline.outstanding.pop_front() {
+                    // The worker still runs it and will answer, under the same closure id
+                    // a retry here would use: drop the stream so that answer goes nowhere.
+                    self.pipeline.channel = None;
+                    self.pipeline.resume = false;
+                    self.publish(0);
+                    self.timed_out(sent.closure);
+                }
+            }
+        }
+    }
+
+    /// Asks the worker for its queued closures back, if a closure failed (under
+    /// `cancel_all`) or a link is idle while this one has closures queued.
+    fn reclaim(&mut self) {
+        let outstanding = self.pipeline.outstanding.len();
+        let failed = self.shared.failure_pending.load(Ordering::SeqCst);
+        let starving = self.shared.idle_links.load(Ordering::SeqCst) > 0;
+        if (failed && outstanding >= 1) || (starving && outstanding >= 2) {
+            if let Some(channel) = &self.pipeline.channel {
+                channel.send(pb::RunClosuresRequest {
+                    return_queued: true,
+                    ..pb::RunClosuresRequest::default()
+                });
+            }
+        }
+    }
+
+    /// Acts on one answer.
+    fn on_reply(&mut self, reply: pb::ClosureReply) {
+        use pb::closure_reply::Outcome;
+        let halts = self.shared.config.error_policy == ErrorPolicy::CancelAll;
+        if halts && matches!(reply.outcome, Some(Outcome::Error(_) | Outcome::Refused(_))) {
+            // The worker halted the stream, whether or not the closure is still ours.
+            self.pipeline.resume = true;
+        }
+        let Some(position) = self
+            .pipeline
+            .outstanding
+            .iter()
+            .position(|sent| sent.closure.id() == reply.closure_id)
+        else {
+            return; // a closure that timed out here earlier: already dealt with
+        };
+        let Some(mut sent) = self.pipeline.outstanding.remove(position) else {
+            return;
+        };
+        self.publish(0);
+        let verdict = match reply.outcome {
+            Some(Outcome::Result(value)) => Verdict::Done(Ok(EncodedValue {
+                pickle: value.pickle,
+                buffers: value.buffers,
+            })),
+            Some(Outcome::Error(error)) => self.read_error(error, &sent.closure),
+            Some(Outcome::Refused(refusal)) => {
+                let code = tonic::Code::from(refusal.code);
+                let error = RpcError::from_code(code, refusal.message)
+                    .with_context(&format!("RunClosures on worker {}", self.address()));
+                return self.refused(sent, error);
+            }
+            Some(Outcome::Returned(_)) => {
+                // It never started: back to the queue, not counted as a retry.
+                sent.closure.attempts -= 1;
+                return self.requeue(sent.closure);
+            }
+            None => {
+                let message = format!(
+                    "worker {} answered closure {} with neither a result nor an error",
+                    self.address(),
+                    sent.closure.id()
+                );
+                let failure = ClosureFailure::infra(tonic::Code::Internal, message, self.address());
+                Verdict::Done(Err(failure))
+            }
+        };
+        self.settle(sent.closure, verdict);
+    }
+
+    /// Acts on a refused closure as on the same error from unary `RunClosure`.
+    fn refused(&mut self, sent: Sent, error: RpcError) {
+        let verdict = match error {
+            RpcError::NotFound(_) if !sent.registered_again => {
+                // The worker lost the function: a restart (then everything it held is
+                // gone) or an eviction (then registering again and retrying is enough).
+                if self.worker_lost() {
+                    Verdict::WorkerFailed("the worker restarted and lost its functions".to_owned())
+                } else {
+                    self.sent.remove(sent.closure.function.hash());
+                    match self.ensure_function_verdict(&sent.closure) {
+                        Ok(()) => return self.send_closures(vec![sent.closure], true),
+                        Err(verdict) => verdict,
+                    }
+                }
+            }
+            RpcError::Unavailable(message) => {
+                // The worker is shutting down: it refuses what it has not started and
+                // finishes what it has; collect those answers, then recover.
+                self.pipeline.going_away = Some(message);
+                return self.put_back(sent.closure);
+            }
+            error if self.is_worker_failure(&error) => {
+                Verdict::WorkerFailed(error.message().to_owned())
+            }
+            error => Verdict::Done(Err(ClosureFailure::from_rpc(&error, self.address()))),
+        };
+        self.settle(sent.closure, verdict);
+    }
+
+    /// The stream failed: the worker is gone (everything outstanding goes back to the
+    /// queue), or it refused the call (everything outstanding fails with that error).
+    pub(super) fn stream_failed(&mut self, error: &RpcError) {
+        self.pipeline.channel = None;
+        self.pipeline.resume = false;
+        if self.pipeline.outstanding.is_empty() {
+            return;
+        }
+        if self.is_worker_failure(error) {
+            self.worker_failed(error.message());
+            return;
+        }
+        let failure = ClosureFailure::from_rpc(error, self.address());
+        for sent in std::mem::take(&mut self.pipeline.outstanding) {
+            self.finish(sent.closure, Err(failure.clone()));
+        }
+        self.publish(0);
+    }
+
+    /// Puts every closure outstanding or held back in the queue and drops the stream (the
+    /// worker is gone).
+    pub(super) fn forget_pipeline(&mut self) {
+        for sent in std::mem::take(&mut self.pipeline.outstanding) {
+            self.put_back(sent.closure);
+        }
+        self.publish(0);
+        if let Some(Work::Closure(closure)) = self.held.take() {
+            self.requeue(closure);
+        }
+        self.pipeline = Pipeline::default();
+    }
+
+    /// The dispatcher is stopping: everything outstanding or held is put back (so
+    /// cancelled, the queue being stopped).
+    pub(super) fn abandon(&mut self) {
+        for sent in std::mem::take(&mut self.pipeline.outstanding) {
+            self.put_back(sent.closure);
+        }
+        self.publish(0);
+        match self.held.take() {
+            Some(Work::Closure(closure)) => {
+                let _ = self.shared.queue.put_back(Work::Closure(closure));
+            }
+            Some(other) => crate::queue::Cancel::cancel(other),
+            None => {}
+        }
+        self.pipeline = Pipeline::default();
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}

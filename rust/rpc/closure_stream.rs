@@ -1,0 +1,76 @@
+//! The client half of `RunClosures`: [`ClosureChannel`], an open stream to one worker, and
+//! how [`WorkerClient`] opens one.
+//!
+//! Sending never waits: requests go into an unbounded channel that the connection drains
+//! (the coordinator bounds what it sends by its pipeline depth). Answers are read with
+//! [`ClosureChannel::next`], which decodes on the caller's thread.
+
+use std::pin::Pin;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::{Stream, StreamExt};
+
+use super::client::WorkerClient;
+use super::{pb, RpcError};
+
+/// The answers of an open stream, as they arrive.
+pub type Replies = Pin<Box<dyn Stream<Item = Result<pb::RunClosuresResponse, RpcError>> + Send>>;
+
+/// An open `RunClosures` stream: send closures with [`send`](Self::send), read answers
+/// with [`next`](Self::next). Dropping it cancels the stream; the worker then drops the
+/// closures it had queued but not started.
+pub struct ClosureChannel {
+    requests: mpsc::UnboundedSender<pb::RunClosuresRequest>,
+    replies: Replies,
+}
+
+impl ClosureChannel {
+    /// A channel over a request sender and an answer stream (for transports other than
+    /// the tonic client, e.g. an in-memory fake).
+    pub fn new(requests: mpsc::UnboundedSender<pb::RunClosuresRequest>, replies: Replies) -> Self {
+        Self { requests, replies }
+    }
+
+    /// Queues `request` for sending; `false` if the stream has already ended.
+    pub fn send(&self, request: pb::RunClosuresRequest) -> bool {
+        self.requests.send(request).is_ok()
+    }
+
+    /// The next message of answers; `None` once the worker ended the stream.
+    pub async fn next(&mut self) -> Option<Result<pb::RunClosuresResponse, RpcError>> {
+        self.replies.next().await
+    }
+}
+
+impl std::fmt::Debug for ClosureChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClosureChannel")
+            .field("open", &!self.requests.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WorkerClient {
+    /// Opens a `RunClosures` stream whose first message is `first` (which carries the
+    /// stream's options, e.g. `halt_on_error`). Resolves once the worker has accepted the
+    /// call: a missing or wrong token fails here with `UNAUTHENTICATED`, before anything
+    /// was queued.
+    pub async fn run_closures(
+        &self,
+        first: pb::RunClosuresRequest,
+    ) -> Result<ClosureChannel, RpcError> {
+        let (requests, receiver) = mpsc::unbounded_channel();
+        let _ = requests.send(first);
+        let context = format!("RunClosures on worker {}", self.address());
+        let mut inner = self.inner();
+        let response = inner
+            .run_closures(UnboundedReceiverStream::new(receiver))
+            .await
+            .map_err(|status| RpcError::from(status).with_context(&context))?;
+        let replies = response
+            .into_inner()
+            .map(move |item| item.map_err(|status| RpcError::from(status).with_context(&context)));
+        Ok(ClosureChannel::new(requests, Box::pin(replies)))
+    }
+}
