@@ -10,10 +10,14 @@ use bytes::Bytes;
 use super::*;
 use crate::rpc::{content_hash, ClientConfig, RpcError, WorkerClient};
 
-const TOKEN: &str = "test-token";
+mod streams;
 
-/// Answers Run jobs by echoing the argument pickle; `release` gates each run, so tests
-/// can hold a closure in flight.
+const TOKEN: &str = "test-token";
+/// A function payload the test executor answers with a user error instead of an echo.
+const RAISE: &[u8] = b"\x80\x05\x8c\x05raise\x94.";
+
+/// Answers Run jobs by echoing the argument pickle (or failing, for [`RAISE`]); `gate`
+/// holds each run while closed, so tests can keep a closure in flight.
 fn spawn_echo_executor(server: Arc<WorkerServer>, gate: Arc<AtomicBool>) -> JoinHandle<usize> {
     std::thread::spawn(move || {
         let mut ran = 0;
@@ -22,17 +26,28 @@ fn spawn_echo_executor(server: Arc<WorkerServer>, gate: Arc<AtomicBool>) -> Join
                 Pop::Job(job) => {
                     let reply = match job.request().clone() {
                         JobRequest::Run {
-                            closure_id, args, ..
+                            closure_id,
+                            args,
+                            function,
                         } => {
                             while !gate.load(Ordering::Acquire) {
                                 std::thread::yield_now();
                             }
                             ran += 1;
+                            let outcome = if function.payload.as_ref() == RAISE {
+                                pb::run_closure_response::Outcome::Error(pb::ClosureError {
+                                    kind: pb::ErrorKind::User.into(),
+                                    type_name: "ValueError".into(),
+                                    module: "builtins".into(),
+                                    message: "raised on purpose".into(),
+                                    ..pb::ClosureError::default()
+                                })
+                            } else {
+                                pb::run_closure_response::Outcome::Result(args.unwrap_or_default())
+                            };
                             JobReply::Run(pb::RunClosureResponse {
                                 closure_id,
-                                outcome: Some(pb::run_closure_response::Outcome::Result(
-                                    args.unwrap_or_default(),
-                                )),
+                                outcome: Some(outcome),
                             })
                         }
                         JobRequest::CreateResource { resource_id, .. } => {

@@ -7,6 +7,10 @@
 //! down. Tests kill and restart workers, open gates, or let seeded chaos crash workers at
 //! random points; every execution is logged, so at-least-once delivery can be checked.
 //!
+//! Closures arrive on `RunClosures` streams (see `stream.rs`), each logged as a
+//! `RunClosure` call when it starts running and in [`FakeCluster::received`] when it
+//! arrives.
+//!
 //! What a function does is spelled by its payload (UTF-8), see [`behaviour`]:
 //! `echo`, `raise`, `infra`, `sleep:<ms>`, `gate:<name>`, `gate-raise:<name>`,
 //! `crash-on:<worker>`, and for resources `resource` / `resource-raise`. Arguments whose
@@ -187,6 +191,12 @@ impl FakeCluster {
     /// Resource ids worker `index` holds right now (built successfully or not).
     pub fn resources(&self, index: usize) -> Vec<u64> {
         self.inner.workers[index].resource_ids()
+    }
+
+    /// Closure ids worker `index` received on its streams, in arrival order, whether they
+    /// then ran, were handed back, or died with the worker.
+    pub fn received(&self, index: usize) -> Vec<u64> {
+        self.inner.workers[index].received()
     }
 
     /// Closures worker `index` is executing right now.

@@ -103,6 +103,7 @@ impl FakeStream {
             self.hand_back_queued("the coordinator asked for its queued closures back");
         }
         for closure in message.closures {
+            self.transport.worker().record_received(closure.closure_id);
             if self.halted {
                 self.send(returned(closure.closure_id, "the stream is halted"));
             } else {

@@ -23,7 +23,7 @@ impl FakeTransport {
         Self { cluster, index }
     }
 
-    fn worker(&self) -> &FakeWorker {
+    pub(super) fn worker(&self) -> &FakeWorker {
         &self.cluster.workers[self.index]
     }
 

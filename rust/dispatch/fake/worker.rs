@@ -20,6 +20,8 @@ pub(super) struct State {
     pub(super) resources: HashMap<u64, Option<pb::ClosureError>>,
     running: u32,
     calls: Vec<FakeCall>,
+    /// Closure ids received on streams, in arrival order (queued, whether or not they ran).
+    received: Vec<u64>,
 }
 
 pub(crate) struct FakeWorker {
@@ -40,6 +42,7 @@ impl FakeWorker {
                 resources: HashMap::new(),
                 running: 0,
                 calls: Vec::new(),
+                received: Vec::new(),
             }),
             incarnation: watch::Sender::new(1),
         }
@@ -73,6 +76,14 @@ impl FakeWorker {
 
     pub fn calls(&self) -> Vec<FakeCall> {
         lock(&self.state).calls.clone()
+    }
+
+    pub fn received(&self) -> Vec<u64> {
+        lock(&self.state).received.clone()
+    }
+
+    pub(super) fn record_received(&self, closure_id: u64) {
+        lock(&self.state).received.push(closure_id);
     }
 
     pub fn resource_ids(&self) -> Vec<u64> {

@@ -3,6 +3,7 @@
 //! Every wait has a deadline; nothing sleeps to let things settle.
 
 mod outcomes;
+mod pipelining;
 mod real_worker;
 mod recovery;
 mod resources;
