@@ -131,3 +131,74 @@ def test_status_codes_reach_grpcio_clients(stub: Any, stubs: tuple[ModuleType, M
     # Still serving after all of that.
     status = stub.GetStatus(pb2.GetStatusRequest(), metadata=AUTH, timeout=30)
     assert status.worker_index == INDEX
+
+
+def _streamed_closure(pb2: ModuleType, function_hash: bytes, closure_id: int, n: int) -> Any:
+    args = wire.encode(((n,), {}))
+    return pb2.RunClosureRequest(
+        function_hash=function_hash,
+        args=pb2.Value(pickle=args.pickle, buffers=args.buffers),
+        closure_id=closure_id,
+    )
+
+
+def test_closures_stream_through_grpcio(stub: Any, stubs: tuple[ModuleType, ModuleType]) -> None:
+    pb2 = stubs[0]
+    payload = wire.function_payload(lambda n: n * 10)
+    stub.RegisterFunction(
+        pb2.RegisterFunctionRequest(
+            function_hash=payload.function_hash,
+            kind=pb2.FUNCTION_KIND_CLOUDPICKLE,
+            payload=payload.payload,
+        ),
+        metadata=AUTH,
+        timeout=30,
+    )
+    requests = [
+        pb2.RunClosuresRequest(
+            closures=[_streamed_closure(pb2, payload.function_hash, i, i) for i in range(3)]
+        ),
+        pb2.RunClosuresRequest(
+            closures=[_streamed_closure(pb2, payload.function_hash, i, i) for i in range(3, 5)]
+        ),
+    ]
+    # The request iterator ends (a half-close): the worker still answers everything sent.
+    replies = [
+        reply
+        for response in stub.RunClosures(iter(requests), metadata=AUTH, timeout=60)
+        for reply in response.replies
+    ]
+    assert [r.closure_id for r in replies] == [0, 1, 2, 3, 4]
+    assert all(r.WhichOneof("outcome") == "result" for r in replies)
+    assert [wire.decode(r.result.pickle, list(r.result.buffers)) for r in replies] == [
+        0,
+        10,
+        20,
+        30,
+        40,
+    ]
+
+
+@pytest.mark.parametrize("metadata", [(), (("authorization", "Bearer not-the-token"),)])
+def test_a_stream_without_the_token_is_unauthenticated_and_runs_nothing(
+    stub: Any, stubs: tuple[ModuleType, ModuleType], metadata: tuple[tuple[str, str], ...]
+) -> None:
+    pb2 = stubs[0]
+    payload = wire.function_payload(lambda n: n + 1)
+    stub.RegisterFunction(
+        pb2.RegisterFunctionRequest(
+            function_hash=payload.function_hash,
+            kind=pb2.FUNCTION_KIND_CLOUDPICKLE,
+            payload=payload.payload,
+        ),
+        metadata=AUTH,
+        timeout=30,
+    )
+    before = stub.GetStatus(pb2.GetStatusRequest(), metadata=AUTH, timeout=30)
+    request = pb2.RunClosuresRequest(closures=[_streamed_closure(pb2, payload.function_hash, 1, 1)])
+    with pytest.raises(grpc.RpcError) as refused:
+        list(stub.RunClosures(iter([request]), metadata=metadata, timeout=30))
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    after = stub.GetStatus(pb2.GetStatusRequest(), metadata=AUTH, timeout=30)
+    assert after.closures_run == before.closures_run, "nothing ran"
+    assert after.unauthenticated_requests == before.unauthenticated_requests + 1
