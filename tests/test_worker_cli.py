@@ -141,3 +141,45 @@ def test_stdin_eof_stops_a_worker_that_asked_for_it() -> None:
     assert proc.stdout.readline().startswith("jaxcluster worker listening on ")
     proc.stdin.close()
     assert proc.wait(timeout=60) == 0
+
+
+def _double(n: int) -> int:
+    return 2 * n
+
+
+@pytest.mark.parametrize("stop", ["sigterm", "stdin-eof"])
+def test_a_clean_stop_leaves_no_fatal_error_on_stderr(stop: str) -> None:
+    # As LocalCluster runs its workers: stdin is a pipe the parent holds open, watched by a
+    # thread. A thread blocked reading sys.stdin at interpreter shutdown used to abort the
+    # worker with "Fatal Python error: _enter_buffered_busy".
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxcluster.worker", "--stop-on-stdin-eof"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "JAXCLUSTER_AUTH_TOKEN"},
+    )
+    assert proc.stdout is not None and proc.stdin is not None and proc.stderr is not None
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("jaxcluster worker listening on "), line
+        client = core.WorkerClient(line.split()[-1])
+        payload = wire.function_payload(_double)
+        client.register_function(payload.function_hash, payload.kind, payload.payload)
+        args = wire.encode(((21,), {}))
+        reply = client.run_closure(payload.function_hash, args.pickle, args.buffers)
+        assert wire.decode(reply["value"], reply["buffers"]) == 42
+        if stop == "sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            proc.stdin.close()
+        assert proc.wait(timeout=60) == 0
+        stderr = proc.stderr.read()
+        assert "Fatal Python error" not in stderr, stderr
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()

@@ -11,7 +11,6 @@ import argparse
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
@@ -21,8 +20,6 @@ __all__ = ["add_arguments", "main", "run"]
 
 TOKEN_ENV = "JAXCLUSTER_AUTH_TOKEN"
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-# After stdin closes (the parent died), how long the worker may take to drain.
-_ORPHAN_GRACE_SECONDS = 10.0
 
 
 class WorkerSetupError(Exception):
@@ -118,23 +115,12 @@ def _install_signal_handlers(server: Any) -> None:
     signal.signal(signal.SIGINT, drain)
 
 
-def _watch_stdin(server: Any) -> None:
-    def watch() -> None:
-        while sys.stdin.buffer.read(65536):
-            pass
-        server.begin_shutdown()
-        killer = threading.Timer(_ORPHAN_GRACE_SECONDS, os._exit, args=(1,))
-        killer.daemon = True
-        killer.start()
-
-    threading.Thread(target=watch, name="jaxcluster-stdin-watch", daemon=True).start()
-
-
 def run(args: argparse.Namespace) -> int:
     """Runs a worker with parsed ``args`` until it is shut down; returns the exit status."""
     from jaxcluster._native import core
     from jaxcluster.worker.devices import jax_runtime_info
     from jaxcluster.worker.executor import Executor
+    from jaxcluster.worker.parent_watch import ParentWatch
 
     try:
         token = read_token(args.auth_token_file)
@@ -160,11 +146,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     _install_signal_handlers(server)
-    if args.stop_on_stdin_eof:
-        _watch_stdin(server)
-    print(f"jaxcluster worker listening on {server.address}", flush=True)
-    Executor(server, index).serve()
-    server.shutdown(timeout=30.0)
+    watch = ParentWatch(server) if args.stop_on_stdin_eof else None
+    if watch is not None:
+        watch.start()
+    try:
+        print(f"jaxcluster worker listening on {server.address}", flush=True)
+        Executor(server, index).serve()
+        server.shutdown(timeout=30.0)
+    finally:
+        # Joined before the interpreter finalizes: no thread of ours is left inside I/O.
+        if watch is not None:
+            watch.stop()
     return 0
 
 
