@@ -89,3 +89,66 @@ def test_rebuild_exception_prefers_the_pickled_exception() -> None:
     )
     assert isinstance(remote, errors.RemoteError)
     assert remote.type_name == "user_mod.Boom" and "Traceback..." in str(remote)
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(64, dtype=np.float32),
+        np.array(3.5),  # 0-d
+        np.zeros((0, 3), dtype=np.int16),  # empty
+        np.arange(12, dtype=">i4").reshape(3, 4),  # big-endian
+        np.array([True, False]),
+        np.arange(6, dtype=np.complex64).reshape(2, 3),
+        np.asfortranarray(np.arange(6.0).reshape(2, 3)),  # not C-contiguous: numpy's way
+        np.arange(10.0)[::2],  # a strided view: numpy's way
+        np.array([(1, 2.0)], dtype=[("a", "i4"), ("b", "f8")]),  # structured: numpy's way
+        np.array(["x", "yz"]),  # strings: numpy's way
+    ],
+    ids=lambda a: f"{a.dtype.str}{a.shape}",
+)
+def test_arrays_round_trip_exactly_through_the_fast_encoder(array: np.ndarray) -> None:
+    encoded = wire.fast_encode(((array,), {}))
+    assert encoded == wire.encode(((array,), {}))  # encode takes the fast path
+    (decoded,), _ = wire.decode(*_parts(encoded))
+    assert type(decoded) is np.ndarray
+    assert decoded.dtype == array.dtype and decoded.shape == array.shape
+    np.testing.assert_array_equal(decoded, array)
+    # As numpy's own out-of-band pickles: a read-only array over the received bytes.
+    buffers: list[pickle.PickleBuffer] = []
+    own = pickle.dumps(array, protocol=5, buffer_callback=buffers.append)
+    numpy_way = pickle.loads(own, buffers=[b.raw().tobytes() for b in buffers])
+    assert decoded.flags.writeable == numpy_way.flags.writeable
+
+
+def test_contiguous_arrays_are_pickled_without_a_dtype_object() -> None:
+    encoded = wire.fast_encode(np.arange(64, dtype=np.float32))
+    assert b"rebuild_array" in encoded.pickle and b"<f4" in encoded.pickle
+    assert b"numpy" not in encoded.pickle
+    assert encoded.buffers == [np.arange(64, dtype=np.float32).tobytes()]
+
+
+def test_the_fast_encoder_leaves_resource_refs_and_lambdas_to_the_full_one() -> None:
+    with pytest.raises(Exception, match="ResourceRef"):
+        wire.fast_encode([wire.ResourceRef(3)])
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        wire.fast_encode(lambda: 1)
+    # encode still handles both.
+    refs = wire.decode(*_parts(wire.encode([wire.ResourceRef(3)])), resolve_resource=str)
+    assert refs == ["3"]
+    assert wire.decode(*_parts(wire.encode(lambda: 1)))() == 1
+
+
+class _EncodesWhilePickled:
+    """An object whose pickling encodes another value (re-entering the encoder)."""
+
+    def __reduce__(self) -> tuple[object, tuple[bytes]]:
+        return bytes, (wire.encode({"inner": [1, 2]}).pickle,)
+
+
+def test_the_encoder_can_be_re_entered_from_a_reduce() -> None:
+    encoded = wire.encode([np.arange(4), _EncodesWhilePickled(), np.arange(5)])
+    first, inner, last = wire.decode(*_parts(encoded))
+    np.testing.assert_array_equal(first, np.arange(4))
+    np.testing.assert_array_equal(last, np.arange(5))
+    assert wire.decode(inner) == {"inner": [1, 2]}

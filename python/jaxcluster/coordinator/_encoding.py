@@ -10,10 +10,6 @@ collects the resources so the dispatcher can make sure they exist on that worker
 
 from __future__ import annotations
 
-import copyreg
-import io
-import pickle
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -77,41 +73,6 @@ _REMOTE_VALUE_MESSAGE = (
 )
 
 
-def _jax_reducer(value: Any) -> Any:
-    import numpy as np
-
-    return np.asarray(value).__reduce_ex__(wire.PICKLE_PROTOCOL)
-
-
-_tables: dict[bool, dict[Any, Any]] = {}
-
-
-def _dispatch_table() -> dict[Any, Any]:
-    """``copyreg``'s table plus JAX's concrete array types (sent as numpy, as ``wire``
-    does); rebuilt once JAX has been imported."""
-    jax = sys.modules.get("jax")
-    table = _tables.get(jax is not None)
-    if table is None:
-        table = dict(copyreg.dispatch_table)
-        if jax is not None:
-            for array_type in jax.Array.__subclasses__():
-                table[array_type] = _jax_reducer
-        _tables[jax is not None] = table
-    return table
-
-
-def _fast_dump(value: Any) -> wire.Encoded:
-    """A plain C pickle with no per-object Python hooks, several times faster than
-    ``wire.encode`` for small arguments. Produces what ``wire.encode`` would for values
-    without placeholders; anything it cannot pickle raises."""
-    stream = io.BytesIO()
-    buffers: list[pickle.PickleBuffer] = []
-    pickler = pickle.Pickler(stream, protocol=wire.PICKLE_PROTOCOL, buffer_callback=buffers.append)
-    pickler.dispatch_table = _dispatch_table()
-    pickler.dump(value)
-    return wire.Encoded(stream.getvalue(), [b.raw().tobytes() for b in buffers])
-
-
 def encode_args(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
@@ -128,7 +89,7 @@ def encode_args(
     _local.context = context
     try:
         try:
-            encoded = _fast_dump(value)
+            encoded = wire.fast_encode(value)
         except Exception:
             if context.remote_value is not None:
                 raise
