@@ -113,14 +113,21 @@ impl PyWorkerServer {
     #[pyo3(signature = (timeout=None))]
     fn next_job(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyWorkerJob>> {
         let timeout = duration(timeout, "timeout")?;
-        let mut found = None;
-        wait_interruptibly(py, timeout, |slice| match self.inner.next_job(slice) {
-            Pop::Empty => false,
-            other => {
-                found = Some(other);
-                true
-            }
-        })?;
+        // A job already queued (the usual case when closures are pipelined) is taken with
+        // the GIL held: releasing and re-taking it would cost more than the lookup.
+        let mut found = match self.inner.try_next_job() {
+            Pop::Empty => None,
+            other => Some(other),
+        };
+        if found.is_none() {
+            wait_interruptibly(py, timeout, |slice| match self.inner.next_job(slice) {
+                Pop::Empty => false,
+                other => {
+                    found = Some(other);
+                    true
+                }
+            })?;
+        }
         match found {
             None | Some(Pop::Empty | Pop::Drained) => Ok(None),
             Some(Pop::Job(job)) => Ok(Some(PyWorkerJob::new(job))),

@@ -190,6 +190,11 @@ impl WorkerServer {
         self.shared.queue.pop(timeout)
     }
 
+    /// The next job if one is queued (and none is running); never waits.
+    pub fn try_next_job(&self) -> Pop {
+        self.shared.queue.try_pop()
+    }
+
     /// Stops taking closures; queued ones are answered `UNAVAILABLE`. Returns `false` if
     /// shutdown had already begun.
     pub fn begin_shutdown(&self) -> bool {

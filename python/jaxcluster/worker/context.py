@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["get_current_worker_index", "running_on_worker"]
+__all__ = ["get_current_worker_index", "running_on_worker", "swap_current_index"]
 
 _current_index: int | None = None
 
@@ -32,6 +32,17 @@ def get_current_worker_index() -> int:
             "ClusterCoordinator.schedule or a dataset_fn)"
         )
     return _current_index
+
+
+def swap_current_index(index: int | None) -> int | None:
+    """Sets the current worker index; returns the previous one (to restore afterwards).
+
+    The executor's per-closure form of :func:`running_on_worker`, without a generator.
+    """
+    global _current_index
+    previous = _current_index
+    _current_index = index
+    return previous
 
 
 @contextmanager

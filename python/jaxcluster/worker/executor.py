@@ -4,6 +4,14 @@ The loop runs on one thread (the process's main thread in ``jaxcluster worker``)
 in ``WorkerServer.next_job`` with the GIL released, so the interpreter is free while the
 worker is idle and a closure never competes with another for it. Every job is answered
 exactly once, whatever happens while running it.
+
+A trivial closure costs this loop about 10 us of CPU, so the path of a ``run`` job is kept
+flat: one method, the current-worker index swapped without a context manager (a generator
+costs 2 us), values through ``wire``'s C-pickler fast paths. Garbage collection was
+measured and left alone: over 40,000 small-array closures a worker spent about 2 us per
+closure in all three generations together (most of it at start-up, importing JAX), and
+``gc.freeze()`` with a higher gen0 threshold changed the worker's CPU per closure by less
+than the run-to-run noise.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxcluster import wire
-from jaxcluster.worker.context import running_on_worker
+from jaxcluster.worker.context import swap_current_index
 from jaxcluster.worker.failures import describe_exception
 from jaxcluster.worker.functions import FunctionCache, FunctionLoadError
 from jaxcluster.worker.resources import ResourceInputError, ResourceRegistry
@@ -90,10 +98,11 @@ class Executor:
             )
         except FunctionLoadError as exc:
             raise self._fail(job, "function_load", exc) from None
-        if job.args is None:
+        pickled = job.args
+        if pickled is None:
             return fn, (), {}
         try:
-            decoded = wire.decode(job.args, job.buffers, resolve_resource=self._resources.resolve)
+            decoded = wire.decode(pickled, job.buffers, resolve_resource=self._resources.resolve)
         except ResourceInputError as exc:
             raise self._fail(job, "input", exc.original, resource_id=exc.resource_id) from None
         except Exception as exc:
@@ -103,26 +112,28 @@ class Executor:
                 f"{type(exc).__name__}: {exc}",
             )
             raise _Answered() from None
-        ok = (
+        if (
             isinstance(decoded, tuple)
             and len(decoded) == 2
             and isinstance(decoded[0], (tuple, list))
             and isinstance(decoded[1], dict)
+        ):
+            return fn, tuple(decoded[0]), decoded[1]
+        job.reply_status(
+            "INVALID_ARGUMENT",
+            "the closure's arguments unpickled to "
+            f"{type(decoded).__qualname__}; expected a tuple (args, kwargs) of a "
+            "tuple and a dict",
         )
-        if not ok:
-            job.reply_status(
-                "INVALID_ARGUMENT",
-                "the closure's arguments unpickled to "
-                f"{type(decoded).__qualname__}; expected a tuple (args, kwargs) of a "
-                "tuple and a dict",
-            )
-            raise _Answered()
-        return fn, tuple(decoded[0]), decoded[1]
+        raise _Answered()
 
     def _call(self, job: Any) -> Any:
         fn, args, kwargs = self._prepare(job)
-        with running_on_worker(self._index):
+        previous = swap_current_index(self._index)
+        try:
             return fn(*args, **kwargs)
+        finally:
+            swap_current_index(previous)
 
     def _run(self, job: Any) -> None:
         try:
