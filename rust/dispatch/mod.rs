@@ -6,10 +6,15 @@
 //! - [`Dispatcher`] owns the queue (`Work` items: closures, untagged; per-worker resource
 //!   work, tagged with the worker index) and one **link** per worker (the `worker` job's
 //!   addresses, in order: index = worker index).
-//! - A link serves its worker one item at a time, tagged items first, so dispatch is
-//!   work-conserving as TF's: a closure never waits behind another on a busy worker while a
-//!   worker is idle. (Bounded pipelining, which the contract allows only when no worker is
-//!   idle, is not implemented: one closure per worker at a time.)
+//! - A link feeds its worker closures over one `RunClosures` stream. An idle link (nothing
+//!   outstanding) blocks on the queue and sends what it gets; a busy link may queue up to
+//!   `pipeline_depth` more on its worker, several per message, only while **no link is
+//!   idle** — the contract's bounded pipelining — and takes them back (`return_queued`)
+//!   when a link goes idle and finds the queue empty, so dispatch stays work-conserving as
+//!   TF's: a closure never waits behind another on a busy worker while a worker is idle.
+//!   The rule, the reclaiming and the measurements behind the depth are in `pipeline.rs`.
+//!   Per-worker resource work (tagged items, served first) goes one item at a time, when
+//!   nothing is outstanding.
 //! - Outcomes land in [`ResultCell`]s; failures are [`ClosureFailure`]s; per-worker values
 //!   are [`PerWorkerResource`]s; everything a worker is asked goes through the
 //!   [`WorkerTransport`] trait (the tonic client for real, [`fake`] in tests and benches).
@@ -17,14 +22,16 @@
 //! # Threads, runtime and ownership
 //!
 //! Each link is an OS thread (`jaxcluster-link-<i>`) that blocks on the queue's condvar
-//! and drives each RPC with `Handle::block_on` on the process-wide runtime
+//! while idle, and while busy blocks in `Handle::block_on` on its stream's next message (or
+//! a reclaim request, or the closure timeout) on the process-wide runtime
 //! ([`crate::runtime`]); the runtime's threads only run the I/O (tonic connections,
-//! timers). The alternative, a tokio task per link with the queue's blocking `get` in
-//! `spawn_blocking`, holds a blocking-pool thread per waiting link anyway and adds two
-//! cross-thread hand-offs per closure (pool thread → task → pool thread); with a thread per
-//! link a closure costs one condvar wake-up plus the RPC, the queue stays synchronous, and
-//! a link's state machine is straight-line code. The cost, one parked thread per worker,
-//! is what TF's coordinator pays too.
+//! timers), and answers are decoded on the link thread. The alternative, a tokio task per
+//! link with the queue's blocking `get` in `spawn_blocking`, holds a blocking-pool thread
+//! per waiting link anyway and adds two cross-thread hand-offs per closure (pool thread →
+//! task → pool thread); with a thread per link a closure costs one condvar wake-up plus
+//! its share of a stream message, the queue stays synchronous, and a link's state machine
+//! is straight-line code. The cost, one parked thread per worker, is what TF's coordinator
+//! pays too.
 //!
 //! The `Dispatcher` owns its links' join handles; links share an `Arc` of the dispatcher's
 //! state (queue, registries, counters, link statuses). Closures own their arguments and
@@ -38,9 +45,12 @@
 //! # Failures
 //!
 //! A user error settles the cell with the error; under `cancel_all` the queue also gets
-//! `mark_failed` (raised by the next `schedule`/`join`/`done`, cancelling what is queued).
-//! A worker failure (unreachable, shutting down, or restarted, as `GetStatus` tells) puts
-//! the closure back for another worker and sends the link `recovering`: its resources are
+//! `mark_failed` (raised by the next `schedule`/`join`/`done`, cancelling what is queued),
+//! the worker halts the stream (`halt_on_error`: what it had queued comes back unstarted,
+//! hence cancelled) and every other link takes back what its worker had queued.
+//! A worker failure (unreachable, shutting down, or restarted, as `GetStatus` tells; a
+//! broken stream) puts every closure outstanding on it back for another worker (at least
+//! once) and sends the link `recovering`: its resources are
 //! aborted, it probes with exponential backoff capped at 10 s, and when the worker answers
 //! it forgets which functions the worker held and rebuilds every live resource before
 //! serving again. After the recovery bound it is `given_up`; once every link has given up,
@@ -66,7 +76,15 @@
 //!   (e.g. `ModuleNotFoundError` on the worker) says the most.
 //! - After a `closure_timeout` the closure goes back to the queue while its worker is
 //!   polled until idle, so another idle worker takes it; with a single worker the retry
-//!   runs there once it is idle.
+//!   runs there once it is idle. With a `closure_timeout` there is no pipelining (an
+//!   execution's clock starts when it is sent, which is when it starts only on an idle
+//!   worker), and the link times it: the stream carries no deadline.
+//! - Closures travel on `RunClosures` streams only; unary `RunClosure` stays in the
+//!   protocol for other clients (e.g. `grpcio`), and for workers of protocol revision 1
+//!   (before `RunClosures`): the client emulates the stream over unary calls for them
+//!   (`rpc::emulated`), one closure per round trip, without pipelining's gain.
+//! - A closure handed back unstarted (reclaimed, or halted by another's failure) is not a
+//!   retry: `retried` counts executions that started (or may have) and must run again.
 //! - Scheduling with a released per-worker resource is refused at once (`InvalidArgument`)
 //!   instead of failing when the closure runs; a release racing a queued closure still
 //!   fails that closure with an input error.

@@ -12,6 +12,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 
 use super::client::WorkerClient;
+use super::emulated::{emulate, ClosureRunner};
 use super::{pb, RpcError};
 
 /// The answers of an open stream, as they arrive.
@@ -55,22 +56,41 @@ impl WorkerClient {
     /// Opens a `RunClosures` stream whose first message is `first` (which carries the
     /// stream's options, e.g. `halt_on_error`). Resolves once the worker has accepted the
     /// call: a missing or wrong token fails here with `UNAUTHENTICATED`, before anything
-    /// was queued.
+    /// was queued. A worker of protocol revision 1, which does not know the call, gets the
+    /// stream emulated over unary `RunClosure` calls (see [`super::emulated`]).
     pub async fn run_closures(
         &self,
         first: pb::RunClosuresRequest,
     ) -> Result<ClosureChannel, RpcError> {
         let (requests, receiver) = mpsc::unbounded_channel();
-        let _ = requests.send(first);
+        let _ = requests.send(first.clone());
         let context = format!("RunClosures on worker {}", self.address());
         let mut inner = self.inner();
-        let response = inner
+        let response = match inner
             .run_closures(UnboundedReceiverStream::new(receiver))
             .await
-            .map_err(|status| RpcError::from(status).with_context(&context))?;
+        {
+            Ok(response) => response,
+            Err(status) if status.code() == tonic::Code::Unimplemented => {
+                return Ok(emulate(UnaryRunner(self.clone()), first));
+            }
+            Err(status) => return Err(RpcError::from(status).with_context(&context)),
+        };
         let replies = response
             .into_inner()
             .map(move |item| item.map_err(|status| RpcError::from(status).with_context(&context)));
         Ok(ClosureChannel::new(requests, Box::pin(replies)))
+    }
+}
+
+/// Runs an emulated stream's closures with unary `RunClosure` calls.
+struct UnaryRunner(WorkerClient);
+
+impl ClosureRunner for UnaryRunner {
+    async fn run(
+        &self,
+        request: pb::RunClosureRequest,
+    ) -> Result<pb::RunClosureResponse, RpcError> {
+        self.0.run_closure(request, None).await
     }
 }

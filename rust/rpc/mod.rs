@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod client;
 pub mod closure_stream;
+pub mod emulated;
 pub mod limits;
 pub mod status;
 

@@ -243,3 +243,51 @@ async fn shutdown_refuses_queued_closures_answers_the_running_one_and_ends_the_s
     assert!(matches!(end, Ok(None)), "{end:?}");
     assert_eq!(harness.stop().await, 1);
 }
+
+/// Unary `RunClosure` calls, as a stream to a revision-1 worker is emulated.
+struct Unary(WorkerClient);
+
+impl crate::rpc::emulated::ClosureRunner for Unary {
+    async fn run(
+        &self,
+        request: pb::RunClosureRequest,
+    ) -> Result<pb::RunClosureResponse, RpcError> {
+        self.0.run_closure(request, None).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_emulated_over_unary_calls_keeps_the_streams_rules() {
+    let harness = Harness::start(config()).await;
+    let echo = registered(&harness, PICKLED_ONE).await;
+    let raise = registered(&harness, RAISE).await;
+    harness.gate.store(false, Ordering::Release);
+    let first = pb::RunClosuresRequest {
+        halt_on_error: true,
+        ..message(vec![
+            closure(&echo, 1),
+            closure(&raise, 2),
+            closure(&echo, 3),
+            closure(&echo, 4),
+        ])
+    };
+    let mut channel = crate::rpc::emulated::emulate(Unary(harness.client(Some(TOKEN))), first);
+    wait_for_depth(&harness, 1, 0).await; // closure 1 runs; the rest wait in the emulation
+    channel.send(pb::RunClosuresRequest {
+        return_queued: true,
+        ..message(vec![closure(&echo, 5)])
+    });
+    let (handed_back, _) = answers(&mut channel, 3).await;
+    assert_eq!(
+        outcomes(&handed_back),
+        [(2, "returned"), (3, "returned"), (4, "returned")]
+    );
+    harness.gate.store(true, Ordering::Release);
+    let (ran, _) = answers(&mut channel, 2).await;
+    assert_eq!(outcomes(&ran), [(1, "result"), (5, "result")]);
+    channel.send(message(vec![closure(&raise, 6), closure(&echo, 7)]));
+    let (halted, _) = answers(&mut channel, 2).await;
+    assert_eq!(outcomes(&halted), [(6, "error"), (7, "returned")]);
+    drop(channel);
+    assert_eq!(harness.stop().await, 3, "closures 1, 5 and 6 ran");
+}
