@@ -1,0 +1,86 @@
+//! Unit tests of the job queue: order, one job at a time, drops, draining.
+
+use super::*;
+use crate::rpc::pb::FunctionKind;
+
+fn run_request(closure_id: u64) -> JobRequest {
+    JobRequest::Run {
+        closure_id,
+        function: StoredFunction {
+            hash: [0; 32],
+            kind: FunctionKind::Cloudpickle,
+            payload: bytes::Bytes::new(),
+        },
+        args: None,
+    }
+}
+
+fn queue() -> Arc<JobQueue> {
+    Arc::new(JobQueue::new(Arc::default(), 0))
+}
+
+#[test]
+fn jobs_come_out_in_order_one_at_a_time() {
+    let q = queue();
+    let _a = q.push(run_request(1)).unwrap();
+    let _b = q.push(run_request(2)).unwrap();
+    let Pop::Job(first) = q.pop(Duration::ZERO) else {
+        panic!("expected a job")
+    };
+    assert!(matches!(
+        first.request(),
+        JobRequest::Run { closure_id: 1, .. }
+    ));
+    assert!(matches!(q.pop(Duration::ZERO), Pop::Busy));
+    first.reply_status(Status::internal("done"));
+    let Pop::Job(second) = q.pop(Duration::ZERO) else {
+        panic!("expected a job")
+    };
+    assert!(matches!(
+        second.request(),
+        JobRequest::Run { closure_id: 2, .. }
+    ));
+    drop(second);
+    assert!(matches!(q.pop(Duration::from_millis(1)), Pop::Empty));
+}
+
+#[test]
+fn a_dropped_job_answers_internal_and_frees_the_executor() {
+    let q = queue();
+    let mut reply = q.push(run_request(1)).unwrap();
+    let Pop::Job(job) = q.pop(Duration::ZERO) else {
+        panic!("expected a job")
+    };
+    drop(job);
+    let status = reply.try_recv().unwrap().unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Internal);
+    assert!(status.message().contains("without answering"));
+    assert_eq!(q.depth(), (0, 0));
+}
+
+#[test]
+fn draining_hands_back_queued_closures_but_keeps_releases() {
+    let q = queue();
+    let mut run = q.push(run_request(1)).unwrap();
+    let mut release = q
+        .push(JobRequest::ReleaseResource {
+            resource_ids: vec![1],
+        })
+        .unwrap();
+    assert!(q.begin_drain());
+    assert!(!q.begin_drain());
+    let refused = run.try_recv().unwrap().unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable);
+    assert!(q.push(run_request(2)).is_err());
+
+    let Pop::Job(job) = q.pop(Duration::ZERO) else {
+        panic!("the release should still be served")
+    };
+    assert!(!q.wait_idle(Duration::ZERO));
+    job.reply(JobReply::ReleaseResource(pb::ReleaseResourceResponse {
+        released: 1,
+    }));
+    assert!(release.try_recv().unwrap().is_ok());
+    assert!(matches!(q.pop(Duration::ZERO), Pop::Drained));
+    assert!(q.wait_idle(Duration::ZERO));
+}
