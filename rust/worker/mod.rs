@@ -2,12 +2,14 @@
 //!
 //! RPC handlers run on the shared tokio runtime; code runs on one executor thread that
 //! takes [`Job`]s with [`WorkerServer::next_job`] (in a worker process that thread is
-//! Python's, waiting with the GIL released). Auth runs on every RPC before its body is
+//! Python's, waiting with the GIL released). Closures arrive by unary `RunClosure` or on
+//! `RunClosures` streams (`stream.rs`); both become jobs of the one queue, in arrival
+//! order. Auth runs on every RPC before its body is
 //! decoded; requests are validated before any lookup; one job runs at a time.
 //!
 //! Shutdown is two-phase: [`WorkerServer::begin_shutdown`] stops taking closures (new and
-//! queued ones get `UNAVAILABLE`, so a coordinator retries them elsewhere) while the one in
-//! progress finishes; [`WorkerServer::stop_serving`] then closes the listener and lets
+//! queued ones get `UNAVAILABLE`, so a coordinator retries them elsewhere; open streams
+//! stop reading and end once answered) while the one in progress finishes; [`WorkerServer::stop_serving`] then closes the listener and lets
 //! in-flight RPCs complete.
 
 pub mod jobs;
