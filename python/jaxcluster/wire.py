@@ -292,7 +292,8 @@ def decode(
     # The C unpickler with a persistent_load attribute, not a Python subclass: nothing
     # Python runs per value unless a persistent id is met.
     unpickler = pickle.Unpickler(io.BytesIO(data), buffers=buffers)
-    unpickler.persistent_load = (
+    # Documented for pickle.Unpickler instances; typeshed declares it a method.
+    unpickler.persistent_load = (  # type: ignore[method-assign]
         _REFS_ONLY if resolve_resource is None else _persistent_loader(resolve_resource)
     )
     return unpickler.load()
