@@ -59,7 +59,11 @@
 //! # Where this differs from the design contract, and why
 //!
 //! - Under `cancel_all`, once a closure failed no link *starts* another closure until the
-//!   error is raised: a closure taken meanwhile is handed back, which cancels it. TF's
+//!   error is raised: a closure taken meanwhile is handed back, which cancels it, and the
+//!   closures pipelined on workers are taken back and cancelled too. The one window left
+//!   is the one an unpipelined dispatch also has: a closure already on its way to a worker
+//!   (or queued there, if the closure ahead of it ends before the worker hears of the
+//!   failure, a one-way trip later) still runs. TF's
 //!   workers may still start queued closures in that window; here every closure queued when
 //!   the failure happened ends cancelled, as SPEC §6 states, and none runs for nothing.
 //! - The queue holds `Work`, not bare closures: per-worker resource builds and releases

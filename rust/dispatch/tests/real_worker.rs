@@ -273,3 +273,49 @@ fn a_closure_the_worker_times_out_is_retried_once_then_fails_deadline_exceeded()
     dispatcher.shutdown();
     worker.stop();
 }
+
+#[test]
+fn a_draining_worker_finishes_its_running_closure_and_hands_back_the_queued_ones() {
+    let workers = [
+        RealWorker::start("127.0.0.1:0"),
+        RealWorker::start("127.0.0.1:0"),
+    ];
+    let addresses: Vec<String> = workers.iter().map(RealWorker::address).collect();
+    let dispatcher = Dispatcher::new(clients(&addresses, TOKEN), fast_config()).unwrap();
+    let slow = register(&dispatcher, SLOW);
+    wait_until("both links are up", || {
+        dispatcher
+            .worker_statuses()
+            .iter()
+            .all(|s| s.state == LinkState::Up)
+    });
+    let cells: Vec<_> = (0..12u8)
+        .map(|n| dispatcher.schedule(&slow, pickled(n), &[]).unwrap())
+        .collect();
+    // Some worker runs one closure with more queued behind it (pipelined): drain it.
+    let mut draining = None;
+    wait_until("closures are pipelined on a worker", || {
+        draining = workers.iter().position(|w| {
+            let status = w.server.status();
+            status.inflight == 1 && status.queued >= 1
+        });
+        draining.is_some()
+    });
+    let draining = draining.unwrap_or_default();
+    assert!(workers[draining].server.begin_shutdown());
+    for (n, cell) in (0..12u8).zip(&cells) {
+        assert_eq!(value(cell), pickled(n));
+    }
+    // Every closure ran exactly once: the running one finished on the draining worker,
+    // the queued ones were refused there unrun and ran on the other.
+    let mut ran: Vec<u64> = workers.iter().flat_map(RealWorker::ran).collect();
+    ran.sort_unstable();
+    let mut ids: Vec<u64> = cells.iter().map(|cell| cell.id()).collect();
+    ids.sort_unstable();
+    assert_eq!(ran, ids);
+    assert!(dispatcher.metrics().worker_failures >= 1);
+    dispatcher.shutdown();
+    for worker in workers {
+        worker.stop();
+    }
+}
