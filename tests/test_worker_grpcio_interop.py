@@ -78,7 +78,7 @@ def test_get_status_and_list_devices(stub: Any, stubs: tuple[ModuleType, ModuleT
     devices = stub.ListDevices(pb2.ListDevicesRequest(), metadata=AUTH, timeout=30).devices
     assert len(devices) >= 1
     assert all(d.device_type == "CPU" for d in devices)
-    assert devices[0].name.startswith("/job:worker/replica:0/task:")
+    assert devices[0].name.startswith(f"/job:worker/replica:0/task:{INDEX}/")
     assert devices[0].name.endswith("/device:CPU:0")
 
 
