@@ -7,6 +7,7 @@
 //! module it registers.
 
 pub mod device;
+pub mod ps;
 pub mod queue;
 pub mod rpc;
 pub mod runtime;
