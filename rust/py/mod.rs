@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 
 mod client;
 mod errors;
+mod ps;
 mod worker;
 
 /// Registers every binding on the `_core` module.
@@ -12,5 +13,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorkerServer>()?;
     m.add_class::<worker::PyWorkerJob>()?;
     m.add_class::<client::PyWorkerClient>()?;
+    m.add_class::<ps::PyPsServer>()?;
+    m.add_class::<ps::PyPsClient>()?;
     Ok(())
 }
