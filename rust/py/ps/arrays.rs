@@ -10,7 +10,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyByteArray, PyTuple};
+use pyo3::types::{IntoPyDict, PyByteArray, PyTuple};
 
 use super::super::errors::new_error;
 use crate::ps::tensor::TensorView;
@@ -51,7 +51,9 @@ fn numpy_dtype(py: Python<'_>, dtype: DType) -> PyResult<Bound<'_, PyAny>> {
 /// the value in errors, e.g. "the value for 'w'".
 pub(crate) fn to_tensor(value: &Bound<'_, PyAny>, what: &str) -> PyResult<pb::Tensor> {
     let py = value.py();
-    let array = numpy(py)?.call_method1("ascontiguousarray", (value,))?;
+    // asarray(order="C"), not ascontiguousarray: the latter turns a 0-d array into 1-d.
+    let kwargs = [("order", "C")].into_py_dict(py)?;
+    let array = numpy(py)?.call_method("asarray", (value,), Some(&kwargs))?;
     let dtype_obj = array.getattr("dtype")?;
     let name: String = dtype_obj.getattr("name")?.extract()?;
     let Some(dtype) = DType::from_name(&name) else {
