@@ -24,10 +24,18 @@ from jaxcluster.cluster_spec import ClusterSpec as ClusterSpec
 _LAZY: dict[str, str] = {
     "DeviceSpec": "jaxcluster.device_spec",
     "LocalCluster": "jaxcluster.local_cluster",
+    "ParameterServerStrategy": "jaxcluster.strategy",
     "initialize": "jaxcluster.distributed",
 }
 
-__all__ = ["ClusterSpec", "DeviceSpec", "LocalCluster", "__version__", "initialize"]
+__all__ = [
+    "ClusterSpec",
+    "DeviceSpec",
+    "LocalCluster",
+    "ParameterServerStrategy",
+    "__version__",
+    "initialize",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -47,3 +55,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from jaxcluster.device_spec import DeviceSpec
     from jaxcluster.distributed import initialize
     from jaxcluster.local_cluster import LocalCluster
+    from jaxcluster.strategy import ParameterServerStrategy
