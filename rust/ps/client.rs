@@ -52,6 +52,7 @@ impl PsClient {
             .tcp_nodelay(true)
             .initial_stream_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .max_frame_size(super::MAX_FRAME_BYTES)
             // Keepalive notices a ps that vanished without closing its socket.
             .http2_keep_alive_interval(Duration::from_secs(15))
             .keep_alive_timeout(Duration::from_secs(20))

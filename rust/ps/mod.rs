@@ -38,6 +38,11 @@ use crate::rpc::limits::{
 use crate::rpc::pb;
 use service::{PsService, PsShared, PsStats};
 
+/// Largest HTTP/2 frame each side accepts. Variables travel as single multi-megabyte
+/// messages; with the 16 KiB default a 1 MiB update is 64 frames and as many wake-ups of
+/// the receiving task, which dominates its cost on a busy machine.
+pub const MAX_FRAME_BYTES: u32 = 1024 * 1024;
+
 /// How to start a parameter server.
 #[derive(Debug, Clone)]
 pub struct PsConfig {
@@ -182,6 +187,7 @@ impl PsServer {
         let serve = Server::builder()
             .initial_stream_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .max_frame_size(MAX_FRAME_BYTES)
             .layer(size_status_layer::<tonic::body::Body>())
             .add_service(InterceptedService::new(service, auth))
             .serve_with_incoming_shutdown(
