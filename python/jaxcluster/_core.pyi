@@ -340,17 +340,13 @@ class PsClient:
         *,
         read_value: Literal[False] = False,
         timeout: float | None = None,
-    ) -> int: ...
+    ) -> int:
+        """``variable = value`` (same dtype and shape). Returns the new version, or with
+        ``read_value=True`` the value right after this update."""
     @overload
     def assign(
         self, name: str, value: Any, *, read_value: Literal[True], timeout: float | None = None
     ) -> np.ndarray: ...
-    def assign(
-        self, name: str, value: Any, *, read_value: bool = False, timeout: float | None = None
-    ) -> int | np.ndarray:
-        """``variable = value`` (same dtype and shape). Returns the new version, or with
-        ``read_value=True`` the value right after this update."""
-
     @overload
     def assign_add(
         self,
@@ -359,17 +355,13 @@ class PsClient:
         *,
         read_value: Literal[False] = False,
         timeout: float | None = None,
-    ) -> int: ...
-    @overload
-    def assign_add(
-        self, name: str, delta: Any, *, read_value: Literal[True], timeout: float | None = None
-    ) -> np.ndarray: ...
-    def assign_add(
-        self, name: str, delta: Any, *, read_value: bool = False, timeout: float | None = None
-    ) -> int | np.ndarray:
+    ) -> int:
         """``variable += delta`` atomically (integers wrap around). Returns as
         :meth:`assign`."""
-
+    @overload
+    def assign_add(
+        self, name: str, delta: Any, *, read_value: Literal[True], timeout: float | None = None
+    ) -> np.ndarray: ...
     @overload
     def assign_sub(
         self,
@@ -378,16 +370,12 @@ class PsClient:
         *,
         read_value: Literal[False] = False,
         timeout: float | None = None,
-    ) -> int: ...
+    ) -> int:
+        """``variable -= delta`` atomically. Returns as :meth:`assign`."""
     @overload
     def assign_sub(
         self, name: str, delta: Any, *, read_value: Literal[True], timeout: float | None = None
     ) -> np.ndarray: ...
-    def assign_sub(
-        self, name: str, delta: Any, *, read_value: bool = False, timeout: float | None = None
-    ) -> int | np.ndarray:
-        """``variable -= delta`` atomically. Returns as :meth:`assign`."""
-
     def scatter_add(
         self,
         name: str,

@@ -37,7 +37,7 @@ def save(variables: Sequence[ParameterServerVariable], path: str | os.PathLike[s
     for task, items in _by_task(variables).items():
         variable, first = items[0]
         keys = [shard.key for _, shard in items]
-        values = variable._call(first, lambda c, k=keys: c.read_many(k))
+        values = variable._call(first, "read_many", keys)
         for key in keys:
             pieces[(task, key)] = values[key]
     arrays: dict[str, Any] = {}
@@ -82,4 +82,4 @@ def restore(variables: Sequence[ParameterServerVariable], path: str | os.PathLik
             part = whole if len(variable.shards) == 1 else whole[shard.start : shard.stop]
             payload.append((shard.key, part))
         variable, first = items[0]
-        variable._call(first, lambda c, p=payload: c.assign_many(p, create_missing=True))
+        variable._call(first, "assign_many", payload, create_missing=True)

@@ -35,7 +35,7 @@ import struct
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -135,29 +135,27 @@ def _corrupt(path: Path, what: str) -> ValueError:
 _Entry = tuple[str, np.dtype[Any], tuple[int, ...], int, int]
 
 
+def _is_count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _entry(raw: Any, data_bytes: int, path: Path) -> _Entry:
     if not isinstance(raw, dict):
         raise _corrupt(path, f"a header entry is {type(raw).__name__}, expected an object")
     name, dtype, shape = raw.get("name"), raw.get("dtype"), raw.get("shape")
     offset, nbytes = raw.get("offset"), raw.get("nbytes")
-    ok = (
-        isinstance(name, str)
-        and name
-        and dtype in _SUPPORTED
-        and isinstance(shape, list)
-        and all(isinstance(d, int) and d >= 0 for d in shape)
-        and isinstance(offset, int)
-        and isinstance(nbytes, int)
-        and offset >= 0
-        and nbytes >= 0
-        and offset + nbytes <= data_bytes
-    )
-    if not ok:
-        raise _corrupt(path, f"header entry {raw!r} is malformed or points outside the data")
+    malformed = _corrupt(path, f"header entry {raw!r} is malformed or points outside the data")
+    if not (isinstance(name, str) and name and isinstance(dtype, str) and dtype in _SUPPORTED):
+        raise malformed
+    if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
+        raise malformed
+    if not (_is_count(offset) and _is_count(nbytes) and offset + nbytes <= data_bytes):
+        raise malformed
+    dims = tuple(int(d) for d in shape)
     np_dtype = _dtype(dtype)
-    if math.prod(shape) * np_dtype.itemsize != nbytes:
-        raise _corrupt(path, f"variable {name!r} is {dtype}{shape} but has {nbytes} bytes")
-    return name, np_dtype, tuple(shape), offset, nbytes
+    if math.prod(dims) * np_dtype.itemsize != nbytes:
+        raise _corrupt(path, f"variable {name!r} is {dtype}{list(dims)} but has {nbytes} bytes")
+    return name, np_dtype, dims, offset, nbytes
 
 
 def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:

@@ -220,9 +220,7 @@ class ParameterServerStrategy:
         try:
             for shard in shards:
                 piece = array if count == 1 else array[shard.start : shard.stop]
-                variable._call(
-                    shard, lambda c, s=shard, p=piece: c.create_variable(s.key, p, replace=True)
-                )
+                variable._call(shard, "create_variable", shard.key, piece, replace=True)
         except BaseException:
             with self._lock:
                 self._variables.pop(unique, None)

@@ -17,7 +17,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -112,12 +112,13 @@ class ParameterServerVariable:
 
     # -- RPC plumbing --------------------------------------------------------------------
 
-    def _call(self, shard: Shard, action: Callable[[Any], Any]) -> Any:
-        """Runs ``action(client)`` for ``shard``; an unreachable or restarted ps becomes a
-        ``PSUnavailableError`` naming the task (by the RPC's status code)."""
+    def _call(self, shard: Shard, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Calls ``PsClient.<method>(*args, **kwargs)`` on ``shard``'s ps task; an
+        unreachable or restarted ps becomes a ``PSUnavailableError`` naming the task (by
+        the RPC's status code)."""
         client = _clients.client_for(shard.address, self._token)
         try:
-            return action(client)
+            return getattr(client, method)(*args, **kwargs)
         except errors.PSUnavailableError:
             raise
         except errors.UnavailableError as exc:
@@ -160,7 +161,7 @@ class ParameterServerVariable:
         array = self._coerce(value, method)
         for shard in self._shards:
             piece = self._piece(array, shard)
-            self._call(shard, lambda c, s=shard, p=piece: getattr(c, method)(s.key, p))
+            self._call(shard, method, shard.key, piece)
         return self if read_value else None
 
     # -- the TF Variable API -------------------------------------------------------------
@@ -168,7 +169,7 @@ class ParameterServerVariable:
     def read_value(self) -> np.ndarray:
         """The current value, as a new writable numpy array. Each shard is read atomically;
         shards of one variable are read one after another."""
-        pieces = [self._call(s, lambda c, s=s: c.read(s.key)) for s in self._shards]
+        pieces = [self._call(s, "read", s.key) for s in self._shards]
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
 
     def value(self) -> np.ndarray:
@@ -255,7 +256,7 @@ class ParameterServerVariable:
             if not mask.any():
                 continue
             local, part = flat[mask] - shard.start, rows_of_updates[mask]
-            self._call(shard, lambda c, s=shard, i=local, u=part: c.scatter_add(s.key, i, u))
+            self._call(shard, "scatter_add", shard.key, local, part)
         return self
 
 
