@@ -8,6 +8,7 @@ mod dispatch;
 mod dispatch_convert;
 mod errors;
 mod queue;
+mod ps;
 mod worker;
 
 /// Registers every binding on the `_core` module.
@@ -21,5 +22,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dispatch::PyDispatcher>()?;
     m.add_class::<dispatch::PyResultCell>()?;
     m.add_class::<dispatch::PyPerWorkerResource>()?;
+    m.add_class::<ps::PyPsServer>()?;
+    m.add_class::<ps::PyPsClient>()?;
     Ok(())
 }

@@ -133,11 +133,14 @@ def _watch_stdin(server: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs a worker with parsed ``args`` until it is shut down; returns the exit status."""
     from jaxcluster._native import core
+    from jaxcluster.worker import context
     from jaxcluster.worker.devices import jax_runtime_info
     from jaxcluster.worker.executor import Executor
 
     try:
         token = read_token(args.auth_token_file)
+        # Closures reach parameter servers with the token this worker was started with.
+        context.set_worker_auth_token(token)
         address, index = args.address, args.index
         if args.from_resolver is not None:
             resolved_address, resolved_index = _from_resolver(args.from_resolver)
