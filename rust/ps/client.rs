@@ -253,6 +253,27 @@ impl PsClient {
         };
         result
             .map(tonic::Response::into_inner)
-            .map_err(|status| RpcError::from(status).with_context(&context()))
+            .map_err(|status| call_error(status).with_context(&context()))
+    }
+}
+
+/// The error for a failed call. A call whose connection broke before the ps answered
+/// (a `tonic::transport::Error` in the status's source chain: the connection was reset or
+/// closed mid-call, as when the ps is killed) is `UNAVAILABLE`, like a refused connection;
+/// tonic reports it `UNKNOWN`, which would read as a bug in the ps and would not count as a
+/// ps failure. A status the ps itself sent has no source and keeps its code.
+fn call_error(status: tonic::Status) -> RpcError {
+    let mut source = std::error::Error::source(&status);
+    let mut transport = false;
+    while let Some(error) = source {
+        transport |= error.is::<tonic::transport::Error>();
+        source = error.source();
+    }
+    let broke = transport && matches!(status.code(), tonic::Code::Unknown | tonic::Code::Internal);
+    let error = RpcError::from(status);
+    if broke {
+        RpcError::Unavailable(error.message().to_owned())
+    } else {
+        error
     }
 }

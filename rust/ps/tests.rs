@@ -290,3 +290,28 @@ async fn unreachable_ps_is_unavailable_and_bad_settings_are_refused() {
     };
     assert!(PsServer::start(negative).await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_breaks_mid_call_is_unavailable() {
+    use tokio::io::AsyncReadExt;
+
+    // A "ps" that takes the call and then drops the connection without answering, as a
+    // SIGKILLed ps does.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let dropper = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut buffer = vec![0u8; 64 * 1024];
+        let _ = socket.read(&mut buffer).await;
+    });
+    let mut cfg = ClientConfig::new(address.clone());
+    cfg.auth_token = Some(TOKEN.to_owned());
+    let c = PsClient::connect_lazy(&cfg).unwrap();
+    let e = c
+        .read("w".into(), Some(std::time::Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, RpcError::Unavailable(_)), "{e:?}");
+    assert!(e.message().contains(&address), "{e}");
+    dropper.await.unwrap();
+}
