@@ -7,8 +7,8 @@ mod device;
 mod dispatch;
 mod dispatch_convert;
 mod errors;
-mod queue;
 mod ps;
+mod queue;
 mod worker;
 
 /// Registers every binding on the `_core` module.
