@@ -145,8 +145,10 @@ class WorkerJob:
         exception: bytes | None = None,
         exception_buffers: Sequence[bytes] = ...,
         resource_id: int | None = None,
+        ps_task: int | None = None,
     ) -> None:
-        """Answers a ``run``/``create_resource`` job with a structured closure error."""
+        """Answers a ``run``/``create_resource`` job with a structured closure error;
+        ``ps_task`` names the parameter-server task when the error is a ps failure."""
 
     def reply_status(self, code: str, message: str) -> None:
         """Answers with an RPC error: ``code`` is a gRPC code name such as
@@ -207,8 +209,9 @@ class WorkerClient:
         ``{"closure_id", "value", "buffers", "error"}``: ``value``/``buffers`` hold the
         pickled result, or ``error`` is a dict with ``kind`` ('user' | 'input' |
         'function_load' | 'infrastructure'), ``type_name``, ``module``, ``message``,
-        ``traceback``, ``exception`` (pickled, or None), ``exception_buffers`` and
-        ``resource_id``. ``timeout=None`` waits as long as the closure runs."""
+        ``traceback``, ``exception`` (pickled, or None), ``exception_buffers``,
+        ``resource_id`` and ``ps_task`` (the ps task of a parameter-server failure, or
+        None). ``timeout=None`` waits as long as the closure runs."""
 
     def create_resource(
         self,
@@ -518,7 +521,8 @@ class Dispatcher:
 
     def metrics(self) -> dict[str, Any]:
         """Gauges ``queued``, ``inflight``; counters ``completed``, ``failed``,
-        ``cancelled``, ``retried``, ``worker_failures``, ``functions_registered`` (payloads
+        ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
+        failed on an unreachable ps task, retried or not), ``functions_registered`` (payloads
         sent to workers); ``workers`` (``[{"address", "state"}]``, state ``'up'`` |
         ``'recovering'`` | ``'given_up'``); ``latency``: schedule-to-result seconds as
         ``{"bounds", "counts", "count", "sum", "max", "p50", "p99"}`` (``counts`` has one
@@ -559,13 +563,15 @@ class ResultCell:
         self,
     ) -> (
         tuple[Literal["ok"], bytes, list[bytes]]
-        | tuple[Literal["error"], str, str, str, str, str, bytes, str]
+        | tuple[Literal["error"], str, str, str, str, str, bytes, str, int | None]
         | tuple[Literal["cancelled"], str]
     ):
         """``("ok", pickle, buffers)``; ``("error", kind, type_name, module, message,
-        traceback, pickled_exception, worker)`` with ``kind`` ``'user'`` | ``'input'`` |
-        ``'infra:<GRPC_CODE_NAME>'`` and ``pickled_exception`` empty when the worker could
-        not pickle it; or ``("cancelled", message)``. ``RuntimeError`` while NOT_READY."""
+        traceback, pickled_exception, worker, ps_task)`` with ``kind`` ``'user'`` |
+        ``'input'`` | ``'infra:<GRPC_CODE_NAME>'``, ``pickled_exception`` empty when the
+        worker could not pickle it and ``ps_task`` the parameter-server task of a ps
+        failure (else None); or ``("cancelled", message)``. ``RuntimeError`` while
+        NOT_READY."""
 
 @final
 class PerWorkerResource:

@@ -150,6 +150,10 @@ impl<T: WorkerTransport> Link<T> {
         }
         closure.attempts += 1;
         match self.execute(&closure) {
+            // TF's transient-ps-failure rule: see ps_failures.rs.
+            Verdict::Done(Err(failure)) if self.shared.ps_failures.record_and_ignore(&failure) => {
+                self.put_back(closure);
+            }
             Verdict::Done(result) => self.finish(closure, result),
             Verdict::WorkerFailed(reason) => {
                 self.worker_failed(&reason);

@@ -149,6 +149,7 @@ fn error_dict<'py>(py: Python<'py>, e: &pb::ClosureError) -> PyResult<Bound<'py,
         }
     }
     d.set_item("resource_id", e.resource_id)?;
+    d.set_item("ps_task", e.ps_task)?;
     Ok(d)
 }
 

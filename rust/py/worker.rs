@@ -359,7 +359,7 @@ impl PyWorkerJob {
     }
 
     #[pyo3(signature = (kind, type_name, module, message, traceback, *, exception=None,
-                        exception_buffers=Vec::new(), resource_id=None))]
+                        exception_buffers=Vec::new(), resource_id=None, ps_task=None))]
     #[allow(clippy::too_many_arguments)]
     fn reply_error(
         &self,
@@ -371,6 +371,7 @@ impl PyWorkerJob {
         exception: Option<PyBackedBytes>,
         exception_buffers: Vec<PyBackedBytes>,
         resource_id: Option<u64>,
+        ps_task: Option<i64>,
     ) -> PyResult<()> {
         let error = pb::ClosureError {
             kind: closure_error_kind(kind)?.into(),
@@ -383,6 +384,7 @@ impl PyWorkerJob {
                 buffers: exception_buffers.into_iter().map(to_bytes).collect(),
             }),
             resource_id,
+            ps_task,
         };
         let reply = match &self.request {
             JobRequest::Run { closure_id, .. } => JobReply::Run(pb::RunClosureResponse {

@@ -22,7 +22,8 @@ pub mod pb {
 pub const HASH_LEN: usize = 32;
 
 /// Revision of the v1 protocol this build speaks (`GetStatusResponse.protocol_revision`).
-pub const PROTOCOL_REVISION: u32 = 1;
+/// Revision 2 added `ClosureError.ps_task`.
+pub const PROTOCOL_REVISION: u32 = 2;
 
 /// The content hash of a function payload: its SHA-256 digest.
 ///

@@ -88,6 +88,9 @@ class ClusterCoordinator:
     is used again when it comes back. With ``error_policy="cancel_all"`` (TF's) the first
     closure error is raised by the next ``schedule``/``join``/``done`` and every queued
     closure is cancelled; with ``"per_closure"`` it stays on that closure's RemoteValue.
+    A closure that fails because a parameter server is unreachable is run again while that
+    ps task has fewer than ``TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`` (default 3)
+    failure reports, then fails with ``PSUnavailableError`` (TF's rule).
 
     Example::
 
@@ -206,8 +209,10 @@ class ClusterCoordinator:
 
     def metrics(self) -> dict[str, Any]:
         """Gauges ``queued``/``inflight``, counters ``completed``, ``failed``, ``retried``,
-        ``worker_failures``, ``functions_registered``, per-worker ``workers`` and the
-        ``latency`` histogram (schedule to result, seconds)."""
+        ``worker_failures``, ``ps_failures`` (closure runs that failed on an unreachable
+        parameter server, retried as transient or raised), ``functions_registered``,
+        per-worker ``workers`` and the ``latency`` histogram (schedule to result,
+        seconds)."""
         return dict(self._dispatcher.metrics())
 
     @property

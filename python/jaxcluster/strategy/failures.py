@@ -4,10 +4,12 @@ A variable operation that cannot reach its ps task raises
 :class:`jaxcluster.errors.PSUnavailableError` carrying *structured* fields: ``task_type``
 (``"ps"``), ``task_id``, ``address`` and ``original_exception`` (the RPC error, classified
 by its gRPC status code in Rust, never by its text). Those fields survive pickling, so an
-error raised inside a closure on a worker arrives at the coordinator intact, and
-:class:`TransientPSFailures` can count reports per ps task the way TF's coordinator does:
-up to ``TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`` (default 3) reports from the same
-task are treated as transient, after which the failure is reported to the user.
+error raised inside a closure on a worker arrives at the coordinator intact; the worker
+also reports ``task_id`` in the protocol (``ClosureError.ps_task``), and the coordinator's
+dispatcher counts reports per ps task the way TF's coordinator does: while a task has
+fewer than ``TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`` (default 3) reports they are
+transient and the closure runs again; from then on the failure is raised. The same rule
+is available in Python as :class:`TransientPSFailures`, for code that runs its own retries.
 
 Example::
 
@@ -79,7 +81,8 @@ def failed_ps_task(error: BaseException) -> int | None:
 
 
 def _threshold_from_env() -> int:
-    for name in (TRANSIENT_PS_FAILURES_ENV, _ALIAS_ENV):
+    # The alias wins, as for every TF_COORDINATOR_* variable the dispatcher reads.
+    for name in (_ALIAS_ENV, TRANSIENT_PS_FAILURES_ENV):
         raw = os.environ.get(name, "").strip()
         if raw:
             try:

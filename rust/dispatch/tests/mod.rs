@@ -3,6 +3,7 @@
 //! Every wait has a deadline; nothing sleeps to let things settle.
 
 mod outcomes;
+mod ps_failures;
 mod real_worker;
 mod recovery;
 mod resources;
