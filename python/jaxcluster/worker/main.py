@@ -120,7 +120,13 @@ def _install_signal_handlers(server: Any) -> None:
 
 def _watch_stdin(server: Any) -> None:
     def watch() -> None:
-        while sys.stdin.buffer.read(65536):
+        # os.read on the descriptor, not sys.stdin.buffer: a daemon thread blocked in the
+        # buffered reader aborts interpreter shutdown ("could not acquire lock"), as the ps
+        # does too.
+        try:
+            while os.read(0, 65536):
+                pass
+        except OSError:
             pass
         server.begin_shutdown()
         killer = threading.Timer(_ORPHAN_GRACE_SECONDS, os._exit, args=(1,))
