@@ -26,11 +26,11 @@ from types import TracebackType
 from typing import Any
 
 from jaxcluster import errors
+from jaxcluster._auth import AUTH_TOKEN_ENV
 
 __all__ = ["LocalCluster"]
 
 _LISTENING = re.compile(r"^jaxcluster (worker|ps) listening on (\S+)\s*$")
-_TOKEN_ENV = "JAXCLUSTER_AUTH_TOKEN"
 _STOP_GRACE_SECONDS = 15.0
 
 
@@ -177,7 +177,7 @@ class LocalCluster:
         if isinstance(worker_args, str):
             raise TypeError("worker_args must be a sequence of strings, not one string")
         self._token = secrets.token_hex(16)
-        self._env = {**os.environ, **(env or {}), _TOKEN_ENV: self._token}
+        self._env = {**os.environ, **(env or {}), AUTH_TOKEN_ENV: self._token}
         # Output is forwarded line by line; unbuffered workers keep it in order and timely.
         self._env.setdefault("PYTHONUNBUFFERED", "1")
         self._worker_args = tuple(worker_args)

@@ -13,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
@@ -27,9 +26,6 @@ __all__ = [
     "list_devices_over_grpc",
     "local_jax_devices",
 ]
-
-#: Token for the ListDevices RPC, shared with workers and coordinators.
-AUTH_TOKEN_ENV = "JAXCLUSTER_AUTH_TOKEN"
 
 #: A callable taking no arguments and returning ``(name, device_type)`` pairs.
 DeviceLister = Callable[[], Iterable[tuple[str, str]]]
@@ -107,6 +103,7 @@ def list_devices_over_grpc(master: str, timeout: float) -> list[DeviceInfo]:
     The worker demands a bearer token; it is read from ``JAXCLUSTER_AUTH_TOKEN``, the same
     variable the worker and the coordinator use.
     """
+    from jaxcluster._auth import AUTH_TOKEN_ENV, auth_token_from_env
     from jaxcluster._native import core
     from jaxcluster.errors import JaxClusterError
 
@@ -115,7 +112,7 @@ def list_devices_over_grpc(master: str, timeout: float) -> list[DeviceInfo]:
             "Cannot list TPU devices: the resolver has no master address to ask (empty "
             "cluster); pass device_lister= or resolve a TPU first"
         )
-    token = os.environ.get(AUTH_TOKEN_ENV) or None
+    token = auth_token_from_env()
     try:
         client = core.WorkerClient(master, token, timeout, connect_timeout=timeout)
         listed = client.list_devices(timeout)

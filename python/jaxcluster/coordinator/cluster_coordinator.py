@@ -7,13 +7,13 @@ closure's result cell, which :class:`RemoteValue` waits on with the GIL released
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from jaxcluster._auth import auth_token_from_env
 from jaxcluster.coordinator import _encoding
 from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunction
 from jaxcluster.coordinator.per_worker import PerWorkerDataset, PerWorkerValues
@@ -22,7 +22,6 @@ from jaxcluster.coordinator.structure import map_structure
 
 __all__ = ["ClusterCoordinator"]
 
-TOKEN_ENV = "JAXCLUSTER_AUTH_TOKEN"
 _ERROR_POLICIES = ("cancel_all", "per_closure")
 # How long the workers' JAX platforms are trusted before asking the dispatcher again.
 _PLATFORMS_TTL_SECONDS = 5.0
@@ -121,7 +120,7 @@ class ClusterCoordinator:
         resolver, strategy_token = _resolver_and_token(
             cluster_resolver if strategy is None else strategy
         )
-        token = auth_token or strategy_token or os.environ.get(TOKEN_ENV) or None
+        token = auth_token or strategy_token or auth_token_from_env()
         self._addresses = _worker_addresses(resolver)
         self._cluster_resolver = resolver
         from jaxcluster._native import core

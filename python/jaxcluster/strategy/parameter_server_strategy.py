@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from jaxcluster._auth import auth_token_from_env
 from jaxcluster.strategy import _checkpointing
 from jaxcluster.strategy.variables import ParameterServerVariable, Shard
 
 __all__ = ["ParameterServerStrategy"]
 
-_TOKEN_ENV = "JAXCLUSTER_AUTH_TOKEN"
 _SUPPORTED = frozenset(
     {
         "float16",
@@ -116,11 +116,7 @@ class ParameterServerStrategy:
         self._resolver = cluster_resolver
         self._partitioner = variable_partitioner
         self._ps = _job_addresses(spec, "ps")
-        self._token = (
-            auth_token
-            if auth_token is not None
-            else (os.environ.get(_TOKEN_ENV, "").strip() or None)
-        )
+        self._token = auth_token if auth_token is not None else auth_token_from_env()
         self._lock = threading.Lock()
         self._variables: dict[str, ParameterServerVariable] = {}
         self._placements = 0
