@@ -42,6 +42,8 @@ class WorkerServer:
         devices: Sequence[tuple[str, str]] = ...,
         jax_version: str = ...,
         platform: str = ...,
+        tls_cert: bytes | None = None,
+        tls_key: bytes | None = None,
     ) -> Self:
         """Binds ``address`` (port 0 picks a free port) and starts serving.
 
@@ -173,10 +175,14 @@ class WorkerClient:
         *,
         connect_timeout: float = 10.0,
         max_message_bytes: int = ...,
+        tls_ca: bytes | None = None,
+        tls_domain: str | None = None,
     ) -> Self:
         """``address`` is ``host:port`` (optionally ``grpc://``). ``timeout`` bounds the
         control calls (status, devices, register, release) unless they pass their own
-        (default 30 s); ``max_message_bytes`` defaults to 64 MiB."""
+        (default 30 s); ``max_message_bytes`` defaults to 64 MiB. With ``tls_ca`` (PEM CA
+        bytes) it connects over TLS and verifies the worker's certificate for ``tls_domain``
+        or the address's host."""
 
     @property
     def address(self) -> str: ...
@@ -474,6 +480,7 @@ class Dispatcher:
         closure_timeout: float | None = None,
         recovery_timeout: float | None = None,
         max_message_bytes: int = 67108864,
+        tls_ca: bytes | None = None,
     ) -> Self:
         """``max_queue_size <= 0`` means unbounded. ``error_policy='cancel_all'`` (TF's)
         raises the first closure error from the next :meth:`schedule`, :meth:`join` or
@@ -619,6 +626,8 @@ class PsServer:
         auth_token: str | None = None,
         index: int = 0,
         max_message_bytes: int = ...,
+        tls_cert: bytes | None = None,
+        tls_key: bytes | None = None,
     ) -> Self:
         """Binds ``address`` (port 0 picks a free port) and starts serving. Raises
         ``ValueError`` for a bad setting, including a non-loopback address without
@@ -666,9 +675,12 @@ class PsClient:
         *,
         connect_timeout: float = 10.0,
         max_message_bytes: int = ...,
+        tls_ca: bytes | None = None,
+        tls_domain: str | None = None,
     ) -> Self:
         """``address`` is ``host:port`` (optionally ``grpc://``). ``timeout`` bounds each
-        call unless it passes its own (default 30 s; ``None``: no limit)."""
+        call unless it passes its own (default 30 s; ``None``: no limit). With ``tls_ca``
+        (PEM CA bytes) it connects over TLS, verifying ``tls_domain`` or the address's host."""
 
     @property
     def address(self) -> str: ...

@@ -26,6 +26,8 @@ __all__ = [
     "add_task_arguments",
     "read_token",
     "task_settings",
+    "tls_error",
+    "tls_files",
     "watch_stdin",
 ]
 
@@ -79,6 +81,14 @@ def add_task_arguments(
         help="largest request or response in bytes (default 64 MiB)",
     )
     parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        help="serve TLS with this PEM certificate chain (needs --tls-key); clients then "
+        "connect with tls_ca=",
+    )
+    parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
+    parser.add_argument(
         "--stop-on-stdin-eof",
         action="store_true",
         help="stop when standard input closes (LocalCluster uses this so tasks never outlive "
@@ -99,6 +109,42 @@ def read_token(token_file: Path | None) -> str | None:
             )
         return token
     return auth_token_from_env()
+
+
+def tls_files(args: argparse.Namespace) -> tuple[bytes | None, bytes | None]:
+    """``(certificate PEM, key PEM)`` from ``--tls-cert``/``--tls-key``: both or neither."""
+    cert_file: Path | None = args.tls_cert
+    key_file: Path | None = args.tls_key
+    if (cert_file is None) != (key_file is None):
+        given, missing = (
+            ("--tls-cert", "--tls-key")
+            if key_file is None
+            else (
+                "--tls-key",
+                "--tls-cert",
+            )
+        )
+        raise TaskSetupError(
+            f"{given} was given without {missing}; TLS needs both --tls-cert and --tls-key"
+        )
+    if cert_file is None or key_file is None:
+        return None, None
+    pems = []
+    for flag, path in (("--tls-cert", cert_file), ("--tls-key", key_file)):
+        try:
+            pems.append(path.read_bytes())
+        except OSError as exc:
+            raise TaskSetupError(f"cannot read {flag} {path}: {exc}") from exc
+    return pems[0], pems[1]
+
+
+def tls_error(exc: Exception, args: argparse.Namespace) -> str:
+    """``exc``'s message, naming the files behind ``tls_cert``/``tls_key`` when it is
+    about them (the native layer sees only their bytes)."""
+    text = str(exc)
+    if args.tls_cert is not None and ("tls_cert" in text or "tls_key" in text):
+        text += f" (from --tls-cert {args.tls_cert} and --tls-key {args.tls_key})"
+    return text
 
 
 def _own_task(name: str, job: str) -> tuple[str, int]:

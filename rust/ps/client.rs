@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::dtype::Op;
 use crate::rpc::auth::BearerToken;
@@ -44,7 +44,7 @@ impl PsClient {
                 config.address
             ))
         })?;
-        let endpoint = Endpoint::from_shared(uri)
+        let endpoint = crate::rpc::tls::endpoint(uri, config.tls.as_ref())
             .map_err(|e| {
                 RpcError::InvalidArgument(format!("ps address {:?}: {e}", config.address))
             })?

@@ -23,7 +23,6 @@ use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::Server;
 use tonic::{Request, Status};
 
 pub use client::PsClient;
@@ -54,6 +53,8 @@ pub struct PsConfig {
     pub ps_index: i64,
     /// Largest request or response, in bytes.
     pub max_message_bytes: usize,
+    /// Serve TLS with this certificate and key; plaintext when `None`.
+    pub tls: Option<crate::rpc::tls::ServerTls>,
 }
 
 impl Default for PsConfig {
@@ -63,6 +64,7 @@ impl Default for PsConfig {
             auth_token: None,
             ps_index: 0,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            tls: None,
         }
     }
 }
@@ -184,7 +186,8 @@ impl PsServer {
             Arc::clone(&shared.stats.unauthenticated),
         ));
         let (stop, stopped) = oneshot::channel::<()>();
-        let serve = Server::builder()
+        let serve = crate::rpc::tls::server_builder(config.tls.as_ref())
+            .map_err(|e| PsError::Config(e.to_string()))?
             .initial_stream_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
             .max_frame_size(MAX_FRAME_BYTES)

@@ -63,15 +63,19 @@ pub struct PyPsServer {
 impl PyPsServer {
     #[new]
     #[pyo3(signature = (address="127.0.0.1:0", *, auth_token=None, index=0,
-                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES))]
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_cert=None, tls_key=None))]
     fn new(
         py: Python<'_>,
         address: &str,
         auth_token: Option<String>,
         index: i64,
         max_message_bytes: usize,
+        tls_cert: Option<Vec<u8>>,
+        tls_key: Option<Vec<u8>>,
     ) -> PyResult<Self> {
+        let tls = crate::rpc::tls::server_tls(tls_cert, tls_key).map_err(PyValueError::new_err)?;
         let config = PsConfig {
+            tls,
             address: address.to_owned(),
             auth_token,
             ps_index: index,
@@ -185,7 +189,8 @@ impl PyPsClient {
 impl PyPsClient {
     #[new]
     #[pyo3(signature = (address, auth_token=None, timeout=Some(30.0), *, connect_timeout=10.0,
-                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES))]
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_ca=None, tls_domain=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         address: String,
@@ -193,8 +198,12 @@ impl PyPsClient {
         timeout: Option<f64>,
         connect_timeout: f64,
         max_message_bytes: usize,
+        tls_ca: Option<Vec<u8>>,
+        tls_domain: Option<String>,
     ) -> PyResult<Self> {
         let mut config = ClientConfig::new(address);
+        config.tls =
+            crate::rpc::tls::client_tls(tls_ca, tls_domain).map_err(PyValueError::new_err)?;
         config.auth_token = auth_token;
         config.max_message_bytes = max_message_bytes;
         config.connect_timeout =

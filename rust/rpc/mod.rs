@@ -8,6 +8,7 @@ pub mod auth;
 pub mod client;
 pub mod limits;
 pub mod status;
+pub mod tls;
 
 pub use client::{ClientConfig, WorkerClient};
 pub use status::RpcError;

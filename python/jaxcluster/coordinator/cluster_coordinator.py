@@ -7,6 +7,7 @@ closure's result cell, which :class:`RemoteValue` waits on with the GIL released
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -14,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from jaxcluster._auth import auth_token_from_env
+from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
 from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunction
 from jaxcluster.coordinator.per_worker import PerWorkerDataset, PerWorkerValues
@@ -90,6 +92,8 @@ class ClusterCoordinator:
     A closure that fails because a parameter server is unreachable is run again while that
     ps task has fewer than ``TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`` (default 3)
     failure reports, then fails with ``PSUnavailableError`` (TF's rule).
+    With ``tls_ca`` (a CA path or PEM; else the strategy's, else ``JAXCLUSTER_TLS_CA``) the
+    workers are reached over TLS and verified against that CA.
 
     Example::
 
@@ -110,6 +114,7 @@ class ClusterCoordinator:
         max_queue_size: int = 262144,
         error_policy: str = "cancel_all",
         closure_timeout: float | None = None,
+        tls_ca: str | bytes | os.PathLike[str] | None = None,
     ) -> None:
         if (cluster_resolver is None) == (strategy is None):
             raise TypeError(
@@ -121,6 +126,10 @@ class ClusterCoordinator:
             cluster_resolver if strategy is None else strategy
         )
         token = auth_token or strategy_token or auth_token_from_env()
+        # A strategy's CA serves its workers too (it has the same cluster's certificates).
+        strategy_ca = getattr(strategy, "tls_ca", None) if strategy is not None else None
+        ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
+        ca = ca or ca_from_env()
         self._addresses = _worker_addresses(resolver)
         self._cluster_resolver = resolver
         from jaxcluster._native import core
@@ -128,6 +137,7 @@ class ClusterCoordinator:
         self._dispatcher = core.Dispatcher(
             self._addresses,
             auth_token=token,
+            tls_ca=ca,
             max_queue_size=max_queue_size,
             error_policy=error_policy,  # type: ignore[arg-type]  # checked above
             closure_timeout=None if closure_timeout is None else float(closure_timeout),

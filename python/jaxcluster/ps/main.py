@@ -22,6 +22,8 @@ from jaxcluster._task_process import (
     TaskSetupError,
     add_task_arguments,
     task_settings,
+    tls_error,
+    tls_files,
     watch_stdin,
 )
 
@@ -65,11 +67,17 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         token, address, index = task_settings(args, job="ps", prog="jaxcluster ps")
+        tls_cert, tls_key = tls_files(args)
         server = core.PsServer(
-            address, auth_token=token, index=index, max_message_bytes=args.max_message_bytes
+            address,
+            auth_token=token,
+            index=index,
+            max_message_bytes=args.max_message_bytes,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
         )
     except (TaskSetupError, ValueError, OSError) as exc:
-        print(f"jaxcluster ps: error: {exc}", file=sys.stderr, flush=True)
+        print(f"jaxcluster ps: error: {tls_error(exc, args)}", file=sys.stderr, flush=True)
         return 2
 
     stop = threading.Event()

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from jaxcluster._auth import auth_token_from_env
+from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.strategy import _checkpointing
 from jaxcluster.strategy.variables import ParameterServerVariable, Shard
 
@@ -88,7 +89,9 @@ class ParameterServerStrategy:
     with :meth:`Variable` inside :meth:`scope`, placed on ps tasks round-robin in creation
     order; with ``variable_partitioner`` (see :mod:`jaxcluster.strategy.partitioners`) a
     large variable is split along axis 0 into shards placed the same way. The token for the
-    ps tasks is ``auth_token`` or ``JAXCLUSTER_AUTH_TOKEN``; workers use their own.
+    ps tasks is ``auth_token`` or ``JAXCLUSTER_AUTH_TOKEN``; workers use their own. With
+    ``tls_ca`` (a CA path or PEM, else ``JAXCLUSTER_TLS_CA``) ps tasks are reached over TLS;
+    workers read the CA from their own ``JAXCLUSTER_TLS_CA`` (it is never pickled).
     ``ClusterCoordinator(strategy)`` takes the resolver and token from here.
     """
 
@@ -98,6 +101,7 @@ class ParameterServerStrategy:
         variable_partitioner: Callable[..., Sequence[int]] | None = None,
         *,
         auth_token: str | None = None,
+        tls_ca: str | bytes | os.PathLike[str] | None = None,
     ) -> None:
         spec = cluster_resolver.cluster_spec()
         jobs = list(spec.jobs)
@@ -117,6 +121,7 @@ class ParameterServerStrategy:
         self._partitioner = variable_partitioner
         self._ps = _job_addresses(spec, "ps")
         self._token = auth_token if auth_token is not None else auth_token_from_env()
+        self._tls_ca = load_ca(tls_ca) or ca_from_env()
         self._lock = threading.Lock()
         self._variables: dict[str, ParameterServerVariable] = {}
         self._placements = 0
@@ -131,6 +136,12 @@ class ParameterServerStrategy:
     def auth_token(self) -> str | None:
         """The token for ps tasks (and, through ``ClusterCoordinator``, workers)."""
         return self._token
+
+    @property
+    def tls_ca(self) -> bytes | None:
+        """PEM of the CA ps tasks (and, through ``ClusterCoordinator``, workers) are
+        verified against; ``None`` for plaintext."""
+        return self._tls_ca
 
     @property
     def num_ps(self) -> int:
@@ -209,7 +220,12 @@ class ParameterServerStrategy:
                 shards.append(Shard(task, self._ps[task], key, start, stop))
             self._placements += count
             variable = ParameterServerVariable(
-                unique, array.dtype, array.shape, shards, auth_token=self._token
+                unique,
+                array.dtype,
+                array.shape,
+                shards,
+                auth_token=self._token,
+                tls_ca=self._tls_ca,
             )
             # Reserve the name before the RPCs so concurrent creators never share it.
             self._variables[unique] = variable

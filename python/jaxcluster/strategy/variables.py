@@ -61,12 +61,14 @@ class ParameterServerVariable:
         shards: Sequence[Shard],
         *,
         auth_token: str | None = None,
+        tls_ca: bytes | None = None,
     ) -> None:
         self._name = name
         self._dtype = np.dtype(dtype)
         self._shape = tuple(int(d) for d in shape)
         self._shards = tuple(Shard(*s) for s in shards)
         self._token = auth_token if auth_token is not None else _clients.default_token()
+        self._tls_ca = tls_ca if tls_ca is not None else _clients.default_tls_ca()
 
     # -- identity ------------------------------------------------------------------------
 
@@ -91,7 +93,7 @@ class ParameterServerVariable:
         return self._shards
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Layout only; the unpickling process supplies its own token.
+        # Layout only; the unpickling process supplies its own token and CA.
         return (
             _rebuild,
             (
@@ -116,7 +118,7 @@ class ParameterServerVariable:
         """Calls ``PsClient.<method>(*args, **kwargs)`` on ``shard``'s ps task; an
         unreachable or restarted ps becomes a ``PSUnavailableError`` naming the task (by
         the RPC's status code)."""
-        client = _clients.client_for(shard.address, self._token)
+        client = _clients.client_for(shard.address, self._token, self._tls_ca)
         try:
             return getattr(client, method)(*args, **kwargs)
         except errors.PSUnavailableError:

@@ -20,6 +20,8 @@ from jaxcluster._task_process import (
     TaskSetupError,
     add_task_arguments,
     task_settings,
+    tls_error,
+    tls_files,
     watch_stdin,
 )
 
@@ -66,16 +68,19 @@ def run(args: argparse.Namespace) -> int:
         token, address, index = task_settings(args, job="worker", prog="jaxcluster worker")
         # Closures reach parameter servers with the token this worker was started with.
         context.set_worker_auth_token(token)
+        tls_cert, tls_key = tls_files(args)
         info = jax_runtime_info(index)
         server = core.WorkerServer(
             address,
             auth_token=token,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
             worker_index=index,
             max_message_bytes=args.max_message_bytes,
             **info,
         )
     except (TaskSetupError, ValueError, OSError) as exc:
-        print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
+        print(f"jaxcluster worker: error: {tls_error(exc, args)}", file=sys.stderr, flush=True)
         return 2
 
     _install_signal_handlers(server)
