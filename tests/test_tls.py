@@ -261,3 +261,32 @@ def test_bad_client_tls_settings_are_refused(pki: Pki) -> None:
             SimpleClusterResolver(ClusterSpec({"worker": ["127.0.0.1:1"]})),
             tls_ca=str(pki.ca) + ".missing",
         )
+
+
+def test_a_key_that_does_not_match_the_certificate_is_refused(pki: Pki, tmp_path: Path) -> None:
+    stranger = tmp_path / "stranger.key"
+    stranger.write_bytes(
+        ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxcluster.worker",
+            "--tls-cert",
+            str(pki.cert),
+            "--tls-key",
+            str(stranger),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "does the key belong to the certificate?" in done.stderr, done.stderr
+    assert str(stranger) in done.stderr, done.stderr

@@ -24,7 +24,7 @@ pub enum TlsError {
         expected: &'static str,
     },
     /// rustls refused the material (e.g. a key that does not match the certificate).
-    #[error("the TLS certificate/key pair was refused: {0}")]
+    #[error("tls_cert/tls_key were refused (does the key belong to the certificate?): {0}")]
     Rejected(String),
 }
 
