@@ -260,8 +260,9 @@ impl PsClient {
 /// The error for a failed call. A call whose connection broke before the ps answered
 /// (a `tonic::transport::Error` in the status's source chain: the connection was reset or
 /// closed mid-call, as when the ps is killed) is `UNAVAILABLE`, like a refused connection;
-/// tonic reports it `UNKNOWN`, which would read as a bug in the ps and would not count as a
-/// ps failure. A status the ps itself sent has no source and keeps its code.
+/// tonic reports it `UNKNOWN`, `INTERNAL` or — when the connection closed under a request
+/// still in flight — `CANCELLED` ("operation was canceled: connection closed"), none of which
+/// would count as a ps failure. A status the ps itself sent has no source and keeps its code.
 fn call_error(status: tonic::Status) -> RpcError {
     let mut source = std::error::Error::source(&status);
     let mut transport = false;
@@ -269,7 +270,11 @@ fn call_error(status: tonic::Status) -> RpcError {
         transport |= error.is::<tonic::transport::Error>();
         source = error.source();
     }
-    let broke = transport && matches!(status.code(), tonic::Code::Unknown | tonic::Code::Internal);
+    let broke = transport
+        && matches!(
+            status.code(),
+            tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+        );
     let error = RpcError::from(status);
     if broke {
         RpcError::Unavailable(error.message().to_owned())
