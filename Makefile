@@ -40,9 +40,11 @@ bench: bench-rust bench-python ## All benchmarks
 bench-rust: ## criterion: queue throughput and device-name parsing
 	cargo bench
 
-bench-python: ## Python-side ratios vs pure-Python references
+bench-python: ## Python-side ratios vs pure-Python / grpcio references (needs a release build)
 	$(PYTHON) benches/queue_bench.py
 	$(PYTHON) benches/device_bench.py
+	$(PYTHON) benches/coordinator_bench.py
+	$(PYTHON) benches/ps_bench.py
 
 wheel: ## Build a release wheel into dist/
 	maturin build --release --out dist

@@ -8,6 +8,7 @@
 
 pub mod device;
 pub mod dispatch;
+pub mod ps;
 pub mod queue;
 pub mod rpc;
 pub mod runtime;

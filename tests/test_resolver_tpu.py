@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from google.auth.credentials import AnonymousCredentials
 from google.oauth2.credentials import Credentials
 
+from jaxcluster._native import core
 from jaxcluster.cluster_resolver import TPUClusterResolver
 from jaxcluster.cluster_spec import ClusterSpec
 from jaxcluster.errors import DeadlineExceededError, UnavailableError
@@ -402,8 +404,35 @@ def test_device_lister_must_return_pairs(api: FakeTPUServer) -> None:
         resolver.num_accelerators()
 
 
-def test_remote_devices_need_a_lister_for_now() -> None:
-    resolver = TPUClusterResolver("grpc://10.0.0.1:8470")
-    with pytest.raises(RuntimeError, match="device_lister=") as info:
+def test_remote_devices_come_from_the_workers_list_devices_rpc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from jaxcluster import LocalCluster
+
+    with LocalCluster(1) as cluster:
+        address = cluster.addresses[0]
+        monkeypatch.setenv("JAXCLUSTER_AUTH_TOKEN", cluster.auth_token)
+        resolver = TPUClusterResolver(f"grpc://{address}")
+        expected = core.WorkerClient(address, cluster.auth_token).list_devices()
+        assert expected and all(d["device_type"] == "CPU" for d in expected)
+        # A CPU-only worker has no TPU cores; the error lists what the RPC returned.
+        assert resolver.num_accelerators() == {"TPU": 0}
+        with pytest.raises(RuntimeError, match="no TPU cores") as info:
+            resolver.get_tpu_system_metadata()
+        for device in expected:
+            assert f"{device['name']} ({device['device_type']})" in str(info.value)
+
+        monkeypatch.setenv("JAXCLUSTER_AUTH_TOKEN", "not-the-token")
+        with pytest.raises(RuntimeError, match="JAXCLUSTER_AUTH_TOKEN") as info:
+            TPUClusterResolver(f"grpc://{address}").num_accelerators()
+        assert address in str(info.value)
+
+
+def test_unreachable_remote_worker_names_the_address() -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    resolver = TPUClusterResolver(f"grpc://127.0.0.1:{port}", timeout=5.0)
+    with pytest.raises(RuntimeError, match="ListDevices") as info:
         resolver.num_accelerators()
-    assert "grpc://10.0.0.1:8470" in str(info.value)
+    assert f"127.0.0.1:{port}" in str(info.value)

@@ -24,10 +24,18 @@ from jaxcluster.device_spec import DeviceSpec as DeviceSpec
 # public name -> submodule that defines it, imported on first access
 _LAZY: dict[str, str] = {
     "LocalCluster": "jaxcluster.local_cluster",
+    "ParameterServerStrategy": "jaxcluster.strategy",
     "initialize": "jaxcluster.distributed",
 }
 
-__all__ = ["ClusterSpec", "DeviceSpec", "LocalCluster", "__version__", "initialize"]
+__all__ = [
+    "ClusterSpec",
+    "DeviceSpec",
+    "LocalCluster",
+    "ParameterServerStrategy",
+    "__version__",
+    "initialize",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -46,3 +54,4 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from jaxcluster.distributed import initialize
     from jaxcluster.local_cluster import LocalCluster
+    from jaxcluster.strategy import ParameterServerStrategy

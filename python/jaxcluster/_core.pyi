@@ -1,8 +1,9 @@
 """Type stubs for the native module ``jaxcluster._core`` (Rust, PyO3)."""
 
 from collections.abc import Iterable, Mapping, Sequence, Sized
-from typing import Any, Literal, Protocol, final
+from typing import Any, Literal, Protocol, final, overload
 
+import numpy as np
 from typing_extensions import Self
 
 __version__: str
@@ -41,6 +42,8 @@ class WorkerServer:
         devices: Sequence[tuple[str, str]] = ...,
         jax_version: str = ...,
         platform: str = ...,
+        tls_cert: bytes | None = None,
+        tls_key: bytes | None = None,
     ) -> Self:
         """Binds ``address`` (port 0 picks a free port) and starts serving.
 
@@ -144,8 +147,10 @@ class WorkerJob:
         exception: bytes | None = None,
         exception_buffers: Sequence[bytes] = ...,
         resource_id: int | None = None,
+        ps_task: int | None = None,
     ) -> None:
-        """Answers a ``run``/``create_resource`` job with a structured closure error."""
+        """Answers a ``run``/``create_resource`` job with a structured closure error;
+        ``ps_task`` names the parameter-server task when the error is a ps failure."""
 
     def reply_status(self, code: str, message: str) -> None:
         """Answers with an RPC error: ``code`` is a gRPC code name such as
@@ -170,10 +175,14 @@ class WorkerClient:
         *,
         connect_timeout: float = 10.0,
         max_message_bytes: int = ...,
+        tls_ca: bytes | None = None,
+        tls_domain: str | None = None,
     ) -> Self:
         """``address`` is ``host:port`` (optionally ``grpc://``). ``timeout`` bounds the
         control calls (status, devices, register, release) unless they pass their own
-        (default 30 s); ``max_message_bytes`` defaults to 64 MiB."""
+        (default 30 s); ``max_message_bytes`` defaults to 64 MiB. With ``tls_ca`` (PEM CA
+        bytes) it connects over TLS and verifies the worker's certificate for ``tls_domain``
+        or the address's host."""
 
     @property
     def address(self) -> str: ...
@@ -206,8 +215,9 @@ class WorkerClient:
         ``{"closure_id", "value", "buffers", "error"}``: ``value``/``buffers`` hold the
         pickled result, or ``error`` is a dict with ``kind`` ('user' | 'input' |
         'function_load' | 'infrastructure'), ``type_name``, ``module``, ``message``,
-        ``traceback``, ``exception`` (pickled, or None), ``exception_buffers`` and
-        ``resource_id``. ``timeout=None`` waits as long as the closure runs."""
+        ``traceback``, ``exception`` (pickled, or None), ``exception_buffers``,
+        ``resource_id`` and ``ps_task`` (the ps task of a parameter-server failure, or
+        None). ``timeout=None`` waits as long as the closure runs."""
 
     def create_resource(
         self,
@@ -470,6 +480,7 @@ class Dispatcher:
         closure_timeout: float | None = None,
         recovery_timeout: float | None = None,
         max_message_bytes: int = 67108864,
+        tls_ca: bytes | None = None,
     ) -> Self:
         """``max_queue_size <= 0`` means unbounded. ``error_policy='cancel_all'`` (TF's)
         raises the first closure error from the next :meth:`schedule`, :meth:`join` or
@@ -517,7 +528,8 @@ class Dispatcher:
 
     def metrics(self) -> dict[str, Any]:
         """Gauges ``queued``, ``inflight``; counters ``completed``, ``failed``,
-        ``cancelled``, ``retried``, ``worker_failures``, ``functions_registered`` (payloads
+        ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
+        failed on an unreachable ps task, retried or not), ``functions_registered`` (payloads
         sent to workers); ``workers`` (``[{"address", "state"}]``, state ``'up'`` |
         ``'recovering'`` | ``'given_up'``); ``latency``: schedule-to-result seconds as
         ``{"bounds", "counts", "count", "sum", "max", "p50", "p99"}`` (``counts`` has one
@@ -558,13 +570,15 @@ class ResultCell:
         self,
     ) -> (
         tuple[Literal["ok"], bytes, list[bytes]]
-        | tuple[Literal["error"], str, str, str, str, str, bytes, str]
+        | tuple[Literal["error"], str, str, str, str, str, bytes, str, int | None]
         | tuple[Literal["cancelled"], str]
     ):
         """``("ok", pickle, buffers)``; ``("error", kind, type_name, module, message,
-        traceback, pickled_exception, worker)`` with ``kind`` ``'user'`` | ``'input'`` |
-        ``'infra:<GRPC_CODE_NAME>'`` and ``pickled_exception`` empty when the worker could
-        not pickle it; or ``("cancelled", message)``. ``RuntimeError`` while NOT_READY."""
+        traceback, pickled_exception, worker, ps_task)`` with ``kind`` ``'user'`` |
+        ``'input'`` | ``'infra:<GRPC_CODE_NAME>'``, ``pickled_exception`` empty when the
+        worker could not pickle it and ``ps_task`` the parameter-server task of a ps
+        failure (else None); or ``("cancelled", message)``. ``RuntimeError`` while
+        NOT_READY."""
 
 @final
 class PerWorkerResource:
@@ -585,3 +599,190 @@ class PerWorkerResource:
     def release(self) -> None:
         """Releases it on every worker now; later schedules with it raise ``ValueError``.
         Idempotent."""
+
+# --- Parameter servers (rust/py/ps.rs) -------------------------------------------------------
+# Values go in as anything numpy.asarray accepts (numpy and JAX arrays, numbers,
+# lists) of dtype float16, bfloat16 (ml_dtypes), float32, float64, int8..int64 or
+# uint8..uint64, and come back as new writable numpy arrays. Errors as above; a value of
+# another dtype or shape than its variable -> InvalidArgumentError naming both; an unknown
+# variable -> NotFoundError; an unsupported dtype -> TypeError before any RPC.
+
+@final
+class PsServer:
+    """A parameter server serving ``jaxcluster.v1.ParameterServer`` entirely on Rust
+    threads (no request takes the GIL). Variables live in memory until the server stops.
+
+    Example::
+
+        server = PsServer("127.0.0.1:0", auth_token="s3cret", index=0)
+        print(server.address)           # '127.0.0.1:41234'
+        server.shutdown()
+    """
+
+    def __new__(
+        cls,
+        address: str = "127.0.0.1:0",
+        *,
+        auth_token: str | None = None,
+        index: int = 0,
+        max_message_bytes: int = ...,
+        tls_cert: bytes | None = None,
+        tls_key: bytes | None = None,
+    ) -> Self:
+        """Binds ``address`` (port 0 picks a free port) and starts serving. Raises
+        ``ValueError`` for a bad setting, including a non-loopback address without
+        ``auth_token`` or a negative ``index``, and ``OSError`` when the address cannot be
+        bound. ``max_message_bytes`` defaults to 64 MiB."""
+
+    @property
+    def address(self) -> str:
+        """``host:port`` actually bound."""
+
+    @property
+    def port(self) -> int:
+        """The port actually bound."""
+
+    @property
+    def index(self) -> int:
+        """This task's index in the ``ps`` job."""
+
+    def status(self) -> dict[str, Any]:
+        """The same dict as :meth:`PsClient.get_status`."""
+
+    def shutdown(self) -> None:
+        """Stops accepting connections and lets in-flight requests finish (up to 5 s).
+        Idempotent."""
+
+@final
+class PsClient:
+    """A blocking client for one ps task; connects lazily and reconnects by itself (a
+    restarted ps is usable as soon as it answers, but starts empty). Safe to share
+    between threads; calls release the GIL while they wait.
+
+    Example::
+
+        client = PsClient("127.0.0.1:41234", auth_token="s3cret")
+        client.create_variable("w", np.zeros(3, np.float32))
+        client.assign_add("w", np.ones(3, np.float32))        # 1 (the new version)
+        client.read("w")                                       # array([1., 1., 1.], ...)
+    """
+
+    def __new__(
+        cls,
+        address: str,
+        auth_token: str | None = None,
+        timeout: float | None = ...,
+        *,
+        connect_timeout: float = 10.0,
+        max_message_bytes: int = ...,
+        tls_ca: bytes | None = None,
+        tls_domain: str | None = None,
+    ) -> Self:
+        """``address`` is ``host:port`` (optionally ``grpc://``). ``timeout`` bounds each
+        call unless it passes its own (default 30 s; ``None``: no limit). With ``tls_ca``
+        (PEM CA bytes) it connects over TLS, verifying ``tls_domain`` or the address's host."""
+
+    @property
+    def address(self) -> str: ...
+    def get_status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """``ps_index``, ``jaxcluster_version``, ``protocol_revision``, ``incarnation``
+        (random per process: changes when the ps restarts), ``variables``,
+        ``variable_bytes``, ``reads``, ``updates``, ``variables_created``,
+        ``unauthenticated_requests``, ``rejected_requests``, ``pid``, ``uptime_seconds``."""
+
+    def create_variable(
+        self,
+        name: str,
+        initial_value: Any,
+        *,
+        replace: bool = False,
+        timeout: float | None = None,
+    ) -> bool:
+        """Creates ``name`` with the value's dtype and shape; returns whether an existing
+        variable was replaced. Without ``replace`` an existing name raises
+        ``FailedPreconditionError``."""
+
+    def read(self, name: str, *, timeout: float | None = None) -> np.ndarray:
+        """A consistent copy of the variable (never half of an update)."""
+
+    def read_versioned(self, name: str, *, timeout: float | None = None) -> tuple[np.ndarray, int]:
+        """The value and its version (updates applied since creation)."""
+
+    @overload
+    def assign(
+        self,
+        name: str,
+        value: Any,
+        *,
+        read_value: Literal[False] = False,
+        timeout: float | None = None,
+    ) -> int:
+        """``variable = value`` (same dtype and shape). Returns the new version, or with
+        ``read_value=True`` the value right after this update."""
+    @overload
+    def assign(
+        self, name: str, value: Any, *, read_value: Literal[True], timeout: float | None = None
+    ) -> np.ndarray: ...
+    @overload
+    def assign_add(
+        self,
+        name: str,
+        delta: Any,
+        *,
+        read_value: Literal[False] = False,
+        timeout: float | None = None,
+    ) -> int:
+        """``variable += delta`` atomically (integers wrap around). Returns as
+        :meth:`assign`."""
+    @overload
+    def assign_add(
+        self, name: str, delta: Any, *, read_value: Literal[True], timeout: float | None = None
+    ) -> np.ndarray: ...
+    @overload
+    def assign_sub(
+        self,
+        name: str,
+        delta: Any,
+        *,
+        read_value: Literal[False] = False,
+        timeout: float | None = None,
+    ) -> int:
+        """``variable -= delta`` atomically. Returns as :meth:`assign`."""
+    @overload
+    def assign_sub(
+        self, name: str, delta: Any, *, read_value: Literal[True], timeout: float | None = None
+    ) -> np.ndarray: ...
+    def scatter_add(
+        self,
+        name: str,
+        indices: Any,
+        updates: Any,
+        *,
+        read_value: bool = False,
+        timeout: float | None = None,
+    ) -> int | np.ndarray:
+        """``variable[indices[i], ...] += updates[i, ...]`` atomically; ``indices`` is an
+        integer scalar or 1-D array, ``updates`` has shape ``[len(indices)] +
+        variable.shape[1:]``. An index out of range changes nothing. Returns as
+        :meth:`assign`."""
+
+    def list_variables(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """``[{"name", "dtype", "shape", "version"}]`` sorted by name."""
+
+    def read_many(
+        self, names: Sequence[str] | None = None, *, timeout: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """Copies of ``names`` (every variable when ``None``), each consistent on its own."""
+
+    def assign_many(
+        self,
+        values: Sequence[tuple[str, Any]],
+        *,
+        create_missing: bool = False,
+        timeout: float | None = None,
+    ) -> tuple[int, int]:
+        """Assigns every ``(name, value)``, all or nothing: any mismatch or unknown name
+        (without ``create_missing``) changes nothing. Returns ``(assigned, created)``."""
+
+    def delete_variables(self, names: Sequence[str], *, timeout: float | None = None) -> int:
+        """Drops variables; returns how many existed."""

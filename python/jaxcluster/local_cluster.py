@@ -1,10 +1,10 @@
 """LocalCluster: real worker processes on 127.0.0.1, for tests, demos and laptops.
 
-Each worker is ``python -m jaxcluster.worker`` on a free port with a fresh random token
-(passed through the environment, never on the command line). Workers never outlive the
-cluster: ``stop()`` runs at exit and when the object is collected, and each worker watches
-its standard input, which only this process holds open, so a parent that dies even by
-SIGKILL takes its workers with it.
+Each worker is ``python -m jaxcluster.worker`` (each ps task ``python -m jaxcluster.ps``) on
+a free port with a fresh random token (passed through the environment, never on the
+command line). Workers never outlive the cluster: ``stop()`` runs at exit and when the
+object is collected, and each worker watches its standard input, which only this process
+holds open, so a parent that dies even by SIGKILL takes its workers with it.
 """
 
 from __future__ import annotations
@@ -26,25 +26,32 @@ from types import TracebackType
 from typing import Any
 
 from jaxcluster import errors
+from jaxcluster._auth import AUTH_TOKEN_ENV
 
 __all__ = ["LocalCluster"]
 
-_LISTENING = re.compile(r"^jaxcluster worker listening on (\S+)\s*$")
-_TOKEN_ENV = "JAXCLUSTER_AUTH_TOKEN"
+_LISTENING = re.compile(r"^jaxcluster (worker|ps) listening on (\S+)\s*$")
 _STOP_GRACE_SECONDS = 15.0
 
 
 class _WorkerProcess:
-    """One worker subprocess and the thread that reads its output."""
+    """One worker (or, with ``role='ps'``, ps) subprocess and the thread that reads its
+    output."""
 
     def __init__(
-        self, index: int, address: str, env: Mapping[str, str], extra: Sequence[str]
+        self,
+        index: int,
+        address: str,
+        env: Mapping[str, str],
+        extra: Sequence[str],
+        role: str = "worker",
     ) -> None:
         self.index = index
+        self.role = role
         command = [
             sys.executable,
             "-m",
-            "jaxcluster.worker",
+            f"jaxcluster.{role}",
             "--address",
             address,
             "--index",
@@ -64,7 +71,7 @@ class _WorkerProcess:
         self.tail: deque[str] = deque(maxlen=20)
         self._ready: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(
-            target=self._read, name=f"jaxcluster-worker-{index}-output", daemon=True
+            target=self._read, name=f"jaxcluster-{role}-{index}-output", daemon=True
         )
         self._reader.start()
 
@@ -73,13 +80,13 @@ class _WorkerProcess:
         announced = False
         for line in self.popen.stdout:
             match = _LISTENING.match(line)
-            if not announced and match:
+            if not announced and match and match.group(1) == self.role:
                 announced = True
-                self._ready.put(match.group(1))
+                self._ready.put(match.group(2))
                 continue
             self.tail.append(line.rstrip("\n"))
             with contextlib.suppress(ValueError, OSError):  # stdout closed at shutdown
-                sys.stdout.write(f"[worker {self.index}] {line}")
+                sys.stdout.write(f"[{self.role} {self.index}] {line}")
         self._ready.put(None)
 
     def wait_listening(self, deadline: float) -> str:
@@ -89,13 +96,13 @@ class _WorkerProcess:
         except queue.Empty:
             self.kill()
             raise errors.DeadlineExceededError(
-                f"worker {self.index} did not print its listening line in time; its last "
+                f"{self.role} {self.index} did not print its listening line in time; its last "
                 f"output:\n{self.output_tail()}"
             ) from None
         if address is None:
             code = self.popen.wait()
             raise RuntimeError(
-                f"worker {self.index} exited with status {code} before it was ready; its "
+                f"{self.role} {self.index} exited with status {code} before it was ready; its "
                 f"last output:\n{self.output_tail()}"
             )
         return address
@@ -137,7 +144,8 @@ def _stop_all(processes: list[_WorkerProcess | None]) -> None:
 
 
 class LocalCluster:
-    """``num_workers`` real worker processes on 127.0.0.1, ready when constructed.
+    """``num_workers`` real worker processes (and ``num_ps`` ps processes) on 127.0.0.1,
+    ready when constructed.
 
     Example::
 
@@ -146,6 +154,11 @@ class LocalCluster:
             resolver = cluster.resolver       # SimpleClusterResolver with job 'worker'
             cluster.kill_worker(0)
             cluster.restart_worker(0)         # same address, answering again
+
+        with LocalCluster(num_workers=2, num_ps=2) as cluster:
+            cluster.resolver.cluster_spec().jobs   # ['worker', 'ps']
+            cluster.kill_ps(1)
+            cluster.restart_ps(1)             # same address, empty
     """
 
     def __init__(
@@ -159,15 +172,12 @@ class LocalCluster:
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers={num_workers!r}; expected an int of at least 1")
-        if num_ps != 0:
-            raise ValueError(
-                f"num_ps={num_ps!r}: parameter-server tasks are not supported by LocalCluster "
-                "yet; use num_ps=0"
-            )
+        if isinstance(num_ps, bool) or not isinstance(num_ps, int) or num_ps < 0:
+            raise ValueError(f"num_ps={num_ps!r}; expected an int of at least 0")
         if isinstance(worker_args, str):
             raise TypeError("worker_args must be a sequence of strings, not one string")
         self._token = secrets.token_hex(16)
-        self._env = {**os.environ, **(env or {}), _TOKEN_ENV: self._token}
+        self._env = {**os.environ, **(env or {}), AUTH_TOKEN_ENV: self._token}
         # Output is forwarded line by line; unbuffered workers keep it in order and timely.
         self._env.setdefault("PYTHONUNBUFFERED", "1")
         self._worker_args = tuple(worker_args)
@@ -176,7 +186,11 @@ class LocalCluster:
         self._addresses: list[str] = ["127.0.0.1:0"] * num_workers
         self._stopped = False
         self._finalizer = weakref.finalize(self, _stop_all, self._processes)
+        from jaxcluster.ps._local import PsTasks
+
+        self._ps = PsTasks(num_ps, self._env, self._token)
         try:
+            self._ps.start_all(start_timeout)
             for i in range(num_workers):
                 self._processes[i] = _WorkerProcess(i, "127.0.0.1:0", self._env, self._worker_args)
             deadline = time.monotonic() + start_timeout
@@ -237,7 +251,10 @@ class LocalCluster:
 
     @property
     def resolver(self) -> Any:
-        """A ``SimpleClusterResolver`` whose ``worker`` job lists :attr:`addresses`."""
+        """A ``SimpleClusterResolver`` whose ``worker`` job lists :attr:`addresses` (and,
+        with ``num_ps``, whose ``ps`` job lists :attr:`ps_addresses`)."""
+        if self._ps.count:
+            return self._ps.resolver(self.addresses)
         from jaxcluster.cluster_resolver import SimpleClusterResolver
         from jaxcluster.cluster_spec import ClusterSpec
 
@@ -286,10 +303,42 @@ class LocalCluster:
             self.kill_worker(index)
             raise
 
+    @property
+    def num_ps(self) -> int:
+        """How many ps tasks the cluster has (live or not)."""
+        return self._ps.count
+
+    @property
+    def ps_addresses(self) -> list[str]:
+        """``host:port`` of every ps task, by index."""
+        return self._ps.addresses
+
+    def ps_pid(self, index: int) -> int | None:
+        """The pid of ps task ``index``, or ``None`` if it is not running."""
+        self._check_running()
+        return self._ps.pid(index)
+
+    def kill_ps(self, index: int) -> None:
+        """Kills ps task ``index`` with SIGKILL (its variables are lost)."""
+        self._check_running()
+        self._ps.kill(index)
+
+    def restart_ps(self, index: int) -> None:
+        """Starts ps task ``index`` again, empty, on its old address (killing it first if
+        alive), and waits until it answers ``GetStatus``."""
+        self._check_running()
+        self._ps.restart(index, self._start_timeout)
+
+    def _check_running(self) -> None:
+        if self._stopped:
+            raise RuntimeError("this LocalCluster has been stopped")
+
     def stop(self) -> None:
-        """Stops every worker (SIGTERM, then SIGKILL after a grace period). Idempotent."""
+        """Stops every worker and ps task (SIGTERM, then SIGKILL after a grace period).
+        Idempotent."""
         self._stopped = True
         self._finalizer()
+        self._ps.stop()
 
     def __enter__(self) -> LocalCluster:
         return self

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use super::ps_failures::DEFAULT_TRANSIENT_PS_FAILURES;
 use super::DispatchError;
 
 /// TF's `_CLOSURE_QUEUE_MAX_SIZE`.
@@ -96,6 +97,9 @@ pub struct DispatcherConfig {
     /// Closures a busy worker may have queued behind its running one, sent only while no
     /// worker is idle; 0 turns pipelining off. Ignored (0) under `closure_timeout`.
     pub pipeline_depth: usize,
+    /// Reports about one ps task at which its failure stops being transient (TF's
+    /// `TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`); 0 treats every report as lasting.
+    pub transient_ps_failures: u32,
 }
 
 impl Default for DispatcherConfig {
@@ -109,14 +113,16 @@ impl Default for DispatcherConfig {
             backoff: BackoffConfig::default(),
             probe_timeout: Duration::from_secs(5),
             pipeline_depth: DEFAULT_PIPELINE_DEPTH,
+            transient_ps_failures: DEFAULT_TRANSIENT_PS_FAILURES,
         }
     }
 }
 
 impl DispatcherConfig {
-    /// The defaults, with the environment variables applied: `JAXCLUSTER_WORKER_RECOVERY_SEC`
-    /// and the staggered-start pair (`TF_COORDINATOR_SCHEDULE_START_DELAY(_MAX)`, or their
-    /// `JAXCLUSTER_COORDINATOR_…` aliases, which win when both are set).
+    /// The defaults, with the environment variables applied: `JAXCLUSTER_WORKER_RECOVERY_SEC`,
+    /// the staggered-start pair (`TF_COORDINATOR_SCHEDULE_START_DELAY(_MAX)`) and
+    /// `TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`, each `TF_` name with a
+    /// `JAXCLUSTER_COORDINATOR_…` alias that wins when both are set.
     pub fn from_env() -> Result<Self, DispatchError> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -146,8 +152,41 @@ impl DispatcherConfig {
             // As in TF, a cap of 0 means "no cap".
             max: max.filter(|max| !max.is_zero()),
         };
+        if let Some(threshold) = count_var(
+            &lookup,
+            &[
+                "JAXCLUSTER_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES",
+                "TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES",
+            ],
+        )? {
+            config.transient_ps_failures = threshold;
+        }
         Ok(config)
     }
+}
+
+/// Parses an integer count from the first of `names` that is set and not blank; as in
+/// TF, a negative count means the same as 0.
+fn count_var(
+    lookup: &impl Fn(&str) -> Option<String>,
+    names: &[&str],
+) -> Result<Option<u32>, DispatchError> {
+    for name in names {
+        let Some(raw) = lookup(name) else { continue };
+        let text = raw.trim();
+        if text.is_empty() {
+            continue;
+        }
+        return match text.parse::<i64>() {
+            Ok(count) => Ok(Some(u32::try_from(count.max(0)).unwrap_or(u32::MAX))),
+            Err(_) => Err(DispatchError::InvalidArgument(format!(
+                "environment variable {name}={raw:?} is not an integer; expected how many \
+                 failure reports per ps task to treat as transient, such as 3 (0 treats \
+                 every report as lasting)"
+            ))),
+        };
+    }
+    Ok(None)
 }
 
 /// Parses a non-negative number of seconds from the first of `names` that is set and not
@@ -237,6 +276,29 @@ mod tests {
             assert!(text.contains("JAXCLUSTER_WORKER_RECOVERY_SEC"), "{text}");
             assert!(text.contains(bad), "{text}");
         }
+    }
+
+    #[test]
+    fn the_transient_ps_failure_threshold_is_read_with_its_alias() {
+        assert_eq!(config_from(&[]).unwrap().transient_ps_failures, 3);
+        let tf = config_from(&[("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", " 5 ")]).unwrap();
+        assert_eq!(tf.transient_ps_failures, 5);
+        let both = config_from(&[
+            ("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "5"),
+            ("JAXCLUSTER_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "1"),
+        ])
+        .unwrap();
+        assert_eq!(both.transient_ps_failures, 1);
+        let negative =
+            config_from(&[("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "-2")]).unwrap();
+        assert_eq!(negative.transient_ps_failures, 0);
+        let err = config_from(&[("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES", "2.5")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES") && err.contains("2.5"),
+            "{err}"
+        );
     }
 
     #[test]

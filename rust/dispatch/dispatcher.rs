@@ -13,6 +13,7 @@ use super::failure::ClosureFailure;
 use super::functions::{FunctionKind, FunctionRegistry};
 use super::link::Link;
 use super::metrics::{Counters, Histogram, LatencySnapshot};
+use super::ps_failures::PsFailures;
 use super::resources::{PerWorkerResource, ResourceInner, ResourceRegistry, ResourceState};
 use super::result_cell::{EncodedValue, ResultCell};
 use super::status::{LinkState, LinkStatus, WorkerSnapshot};
@@ -48,6 +49,8 @@ pub(crate) struct Shared {
     /// Links that are up with nothing outstanding, waiting for work: while any is, no
     /// busy link pipelines (see `pipeline.rs`).
     pub idle_links: AtomicUsize,
+    /// Parameter-server failures reported by closures, counted per ps task.
+    pub ps_failures: PsFailures,
 }
 
 impl Shared {
@@ -79,10 +82,13 @@ pub struct MetricsSnapshot {
     /// Closures cancelled (by a raised error under `cancel_all`, or by shutdown).
     pub cancelled: u64,
     /// Executions put back to run again (worker failures, timeouts, worker-side
-    /// infrastructure errors).
+    /// infrastructure errors, transient parameter-server failures).
     pub retried: u64,
     /// Times a worker was found failed.
     pub worker_failures: u64,
+    /// Closure executions that failed because a parameter server was unreachable or had
+    /// restarted (each one counted, whether retried as transient or raised).
+    pub ps_failures: u64,
     /// Function payloads sent to workers.
     pub functions_registered: u64,
     /// Per-worker address and state.
@@ -138,6 +144,7 @@ impl Dispatcher {
             .collect();
         let shared = Arc::new(Shared {
             queue: ClosureQueue::new(config.max_queue_size),
+            ps_failures: PsFailures::new(config.transient_ps_failures),
             config,
             functions: FunctionRegistry::default(),
             resources: ResourceRegistry::default(),
@@ -354,6 +361,7 @@ impl Dispatcher {
             cancelled: load(&shared.cancel.cancelled),
             retried: load(&shared.counters.retried),
             worker_failures: load(&shared.counters.worker_failures),
+            ps_failures: shared.ps_failures.reports(),
             functions_registered: load(&shared.counters.functions_registered),
             workers: self.worker_statuses(),
             latency: shared.latency.snapshot(),

@@ -85,6 +85,8 @@ pub struct ClosureFailure {
     pub pickled_exception: Vec<u8>,
     /// Address of the worker the failure happened on.
     pub worker: String,
+    /// The ps task a parameter-server failure names (`ClosureError.ps_task`), else `None`.
+    pub ps_task: Option<i64>,
 }
 
 impl ClosureFailure {
@@ -98,6 +100,7 @@ impl ClosureFailure {
             traceback: String::new(),
             pickled_exception: Vec::new(),
             worker: worker.to_owned(),
+            ps_task: None,
         }
     }
 
@@ -132,6 +135,7 @@ impl ClosureFailure {
             traceback: error.traceback,
             pickled_exception,
             worker: worker.to_owned(),
+            ps_task: error.ps_task,
         }
     }
 
@@ -181,6 +185,7 @@ mod tests {
                 buffers,
             }),
             resource_id: None,
+            ps_task: None,
         }
     }
 
@@ -197,6 +202,16 @@ mod tests {
         let infra =
             ClosureFailure::from_worker(worker_error(pb::ErrorKind::Infrastructure, vec![]), "w");
         assert_eq!(infra.kind.label(), "infra:INTERNAL");
+        assert_eq!(infra.ps_task, None);
+    }
+
+    #[test]
+    fn the_ps_task_of_a_worker_error_is_kept() {
+        let mut error = worker_error(pb::ErrorKind::User, vec![]);
+        error.ps_task = Some(1);
+        let failure = ClosureFailure::from_worker(error, "w");
+        assert_eq!(failure.ps_task, Some(1));
+        assert_eq!(failure.as_input().ps_task, Some(1));
     }
 
     #[test]

@@ -182,6 +182,10 @@ impl<T: WorkerTransport> Link<T> {
     /// Acts on what one execution attempt came to.
     pub(super) fn settle(&mut self, mut closure: Closure, verdict: Verdict) {
         match verdict {
+            // TF's transient-ps-failure rule: see ps_failures.rs.
+            Verdict::Done(Err(failure)) if self.shared.ps_failures.record_and_ignore(&failure) => {
+                self.put_back(closure);
+            }
             Verdict::Done(result) => self.finish(closure, result),
             Verdict::WorkerFailed(reason) => {
                 self.put_back(closure);

@@ -56,6 +56,12 @@
 //! serving again. After the recovery bound it is `given_up`; once every link has given up,
 //! whatever remains or is scheduled later fails with `UNAVAILABLE` instead of hanging.
 //!
+//! A closure that failed because a **parameter server** was unreachable (the worker
+//! reports the ps task in `ClosureError.ps_task`) is neither: TF's transient-ps-failure
+//! rule (`ps_failures.rs`) puts it back while its ps task has fewer than
+//! `TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES` (default 3) reports, and from then on
+//! settles it with its `PSUnavailableError`.
+//!
 //! # Where this differs from the design contract, and why
 //!
 //! - Under `cancel_all`, once a closure failed no link *starts* another closure until the
@@ -105,6 +111,7 @@ pub mod functions;
 mod link;
 pub mod metrics;
 mod pipeline;
+mod ps_failures;
 mod recovery;
 pub mod resources;
 pub mod result_cell;

@@ -149,6 +149,7 @@ fn error_dict<'py>(py: Python<'py>, e: &pb::ClosureError) -> PyResult<Bound<'py,
         }
     }
     d.set_item("resource_id", e.resource_id)?;
+    d.set_item("ps_task", e.ps_task)?;
     Ok(d)
 }
 
@@ -197,7 +198,8 @@ impl PyWorkerClient {
 impl PyWorkerClient {
     #[new]
     #[pyo3(signature = (address, auth_token=None, timeout=Some(30.0), *, connect_timeout=10.0,
-                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES))]
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_ca=None, tls_domain=None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         address: String,
@@ -205,8 +207,12 @@ impl PyWorkerClient {
         timeout: Option<f64>,
         connect_timeout: f64,
         max_message_bytes: usize,
+        tls_ca: Option<Vec<u8>>,
+        tls_domain: Option<String>,
     ) -> PyResult<Self> {
         let mut config = ClientConfig::new(address);
+        config.tls =
+            crate::rpc::tls::client_tls(tls_ca, tls_domain).map_err(PyValueError::new_err)?;
         config.auth_token = auth_token;
         config.max_message_bytes = max_message_bytes;
         config.connect_timeout =

@@ -49,7 +49,7 @@ impl PyDispatcher {
     #[pyo3(signature = (
         addresses, *, auth_token = None, max_queue_size = 262_144,
         error_policy = "cancel_all", closure_timeout = None, recovery_timeout = None,
-        max_message_bytes = 67_108_864
+        max_message_bytes = 67_108_864, tls_ca = None
     ))]
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     fn new(
@@ -61,7 +61,9 @@ impl PyDispatcher {
         closure_timeout: Option<f64>,
         recovery_timeout: Option<f64>,
         max_message_bytes: usize,
+        tls_ca: Option<Vec<u8>>,
     ) -> PyResult<Self> {
+        let tls = crate::rpc::tls::client_tls(tls_ca, None).map_err(PyValueError::new_err)?;
         let mut config = DispatcherConfig::from_env().map_err(|e| dispatch_error(py, e))?;
         // <= 0 means unbounded, as for TF's queue.Queue(maxsize).
         config.max_queue_size = usize::try_from(max_queue_size).unwrap_or(0);
@@ -86,6 +88,7 @@ impl PyDispatcher {
                     let mut client = ClientConfig::new(address.clone());
                     client.auth_token = auth_token.map(str::to_owned);
                     client.max_message_bytes = max_message_bytes;
+                    client.tls.clone_from(&tls);
                     WorkerClient::connect_lazy(&client).map_err(|e| rpc_error(py, &e))
                 })
                 .collect::<PyResult<Vec<_>>>()?

@@ -79,6 +79,7 @@ fn failure_tuple<'py>(py: Python<'py>, f: &ClosureFailure) -> PyResult<Bound<'py
         f.traceback.as_str(),
         PyBytes::new(py, &f.pickled_exception),
         f.worker.as_str(),
+        f.ps_task,
     )
         .into_pyobject(py)
 }
@@ -111,6 +112,7 @@ pub(super) fn metrics_dict<'py>(
     d.set_item("cancelled", m.cancelled)?;
     d.set_item("retried", m.retried)?;
     d.set_item("worker_failures", m.worker_failures)?;
+    d.set_item("ps_failures", m.ps_failures)?;
     d.set_item("functions_registered", m.functions_registered)?;
     let workers = PyList::empty(py);
     for worker in &m.workers {

@@ -7,6 +7,7 @@ mod device;
 mod dispatch;
 mod dispatch_convert;
 mod errors;
+mod ps;
 mod queue;
 mod worker;
 
@@ -21,5 +22,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dispatch::PyDispatcher>()?;
     m.add_class::<dispatch::PyResultCell>()?;
     m.add_class::<dispatch::PyPerWorkerResource>()?;
+    m.add_class::<ps::PyPsServer>()?;
+    m.add_class::<ps::PyPsClient>()?;
     Ok(())
 }

@@ -62,7 +62,8 @@ impl PyWorkerServer {
     #[new]
     #[pyo3(signature = (address="127.0.0.1:0", *, auth_token=None, worker_index=0,
                         max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, devices=Vec::new(),
-                        jax_version=String::new(), platform=String::new()))]
+                        jax_version=String::new(), platform=String::new(),
+                        tls_cert=None, tls_key=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -73,8 +74,12 @@ impl PyWorkerServer {
         devices: Vec<(String, String)>,
         jax_version: String,
         platform: String,
+        tls_cert: Option<Vec<u8>>,
+        tls_key: Option<Vec<u8>>,
     ) -> PyResult<Self> {
+        let tls = crate::rpc::tls::server_tls(tls_cert, tls_key).map_err(PyValueError::new_err)?;
         let config = WorkerConfig {
+            tls,
             address: address.to_owned(),
             auth_token,
             worker_index,
@@ -366,7 +371,7 @@ impl PyWorkerJob {
     }
 
     #[pyo3(signature = (kind, type_name, module, message, traceback, *, exception=None,
-                        exception_buffers=Vec::new(), resource_id=None))]
+                        exception_buffers=Vec::new(), resource_id=None, ps_task=None))]
     #[allow(clippy::too_many_arguments)]
     fn reply_error(
         &self,
@@ -378,6 +383,7 @@ impl PyWorkerJob {
         exception: Option<PyBackedBytes>,
         exception_buffers: Vec<PyBackedBytes>,
         resource_id: Option<u64>,
+        ps_task: Option<i64>,
     ) -> PyResult<()> {
         let error = pb::ClosureError {
             kind: closure_error_kind(kind)?.into(),
@@ -390,6 +396,7 @@ impl PyWorkerJob {
                 buffers: exception_buffers.into_iter().map(to_bytes).collect(),
             }),
             resource_id,
+            ps_task,
         };
         let reply = match &self.request {
             JobRequest::Run { closure_id, .. } => JobReply::Run(pb::RunClosureResponse {

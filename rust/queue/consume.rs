@@ -120,23 +120,23 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
                 operation: "put_back",
             });
         }
-        let cancel = if state.error.is_some() || state.stopped {
-            Some(item)
+        if state.error.is_some() || state.stopped {
+            // Cancelled while still counted inflight (and with the lock released, as every
+            // cancellation is): a wait() or join() that returns, or an error raise that
+            // waits for inflight closures, then finds this closure already cancelled.
+            drop(state);
+            item.cancel();
+            state = self.lock();
         } else {
             // Queued before inflight drops, so nobody sees "nothing queued, nothing inflight"
             // in between.
             state.queue.push_back(item);
             self.signals.notify_one(&state, Signal::NotEmpty);
-            None
-        };
+        }
         // Cannot fail: inflight was positive under the lock, and only this lock-free path
         // (mark_finished) decrements it concurrently, each for a closure of its own.
         if self.leave_inflight("put_back").unwrap_or(1) == 0 && Self::idle_wake_useful(&state) {
             self.signals.notify_all(&state, Signal::Idle);
-        }
-        drop(state);
-        if let Some(item) = cancel {
-            item.cancel();
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use super::auth::BearerToken;
 use super::limits::{
@@ -33,6 +33,8 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Largest request or response accepted, in bytes.
     pub max_message_bytes: usize,
+    /// Connect with TLS, verifying the worker against this CA; plaintext when `None`.
+    pub tls: Option<super::tls::ClientTls>,
 }
 
 impl ClientConfig {
@@ -43,6 +45,7 @@ impl ClientConfig {
             auth_token: None,
             connect_timeout: Duration::from_secs(10),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            tls: None,
         }
     }
 }
@@ -81,7 +84,7 @@ impl WorkerClient {
             .map_err(RpcError::InvalidArgument)?;
         let auth =
             BearerToken::new(config.auth_token.as_deref()).map_err(RpcError::InvalidArgument)?;
-        let endpoint = Endpoint::from_shared(endpoint_uri(&config.address)?)
+        let endpoint = super::tls::endpoint(endpoint_uri(&config.address)?, config.tls.as_ref())
             .map_err(|e| {
                 RpcError::InvalidArgument(format!("worker address {:?}: {e}", config.address))
             })?

@@ -10,6 +10,7 @@ pub mod closure_stream;
 pub mod emulated;
 pub mod limits;
 pub mod status;
+pub mod tls;
 
 pub use client::{ClientConfig, WorkerClient};
 pub use closure_stream::ClosureChannel;
@@ -25,7 +26,8 @@ pub mod pb {
 pub const HASH_LEN: usize = 32;
 
 /// Revision of the v1 protocol this build speaks (`GetStatusResponse.protocol_revision`).
-pub const PROTOCOL_REVISION: u32 = 2;
+/// Revision 2 added `ClosureError.ps_task`; revision 3 added the `RunClosures` stream.
+pub const PROTOCOL_REVISION: u32 = 3;
 
 /// The content hash of a function payload: its SHA-256 digest.
 ///

@@ -28,7 +28,6 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::Server;
 
 pub use jobs::{Job, JobReply, JobRequest, Pop};
 
@@ -60,6 +59,8 @@ pub struct WorkerConfig {
     pub jax_version: String,
     /// Reported by `GetStatus` (`cpu`, `gpu`, `tpu`).
     pub platform: String,
+    /// Serve TLS with this certificate and key; plaintext when `None`.
+    pub tls: Option<crate::rpc::tls::ServerTls>,
 }
 
 impl Default for WorkerConfig {
@@ -72,6 +73,7 @@ impl Default for WorkerConfig {
             devices: Vec::new(),
             jax_version: String::new(),
             platform: String::new(),
+            tls: None,
         }
     }
 }
@@ -162,7 +164,8 @@ impl WorkerServer {
             Arc::clone(&stats.unauthenticated),
         );
         let (stop, stopped) = oneshot::channel::<()>();
-        let serve = Server::builder()
+        let serve = crate::rpc::tls::server_builder(config.tls.as_ref())
+            .map_err(|e| WorkerError::Config(e.to_string()))?
             .initial_stream_window_size(STREAM_WINDOW_BYTES)
             .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
             .layer(size_status_layer::<tonic::body::Body>())

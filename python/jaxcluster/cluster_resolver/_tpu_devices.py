@@ -98,17 +98,32 @@ def local_jax_devices(job: str) -> list[DeviceInfo]:
 
 
 def list_devices_over_grpc(master: str, timeout: float) -> list[DeviceInfo]:
-    """Devices of the worker at ``master`` over jaxcluster's ``ListDevices`` RPC.
+    """Devices of the jaxcluster worker at ``master`` over its ``ListDevices`` RPC.
 
-    Every caller goes through here, so wiring the RPC in later changes one function.
+    The worker demands a bearer token; it is read from ``JAXCLUSTER_AUTH_TOKEN``, the same
+    variable the worker and the coordinator use.
     """
-    del timeout
-    raise RuntimeError(
-        f"Cannot list the devices of the TPU worker at {master!r}: asking a remote worker "
-        "over jaxcluster's ListDevices RPC is not available yet. Pass device_lister= (a "
-        "callable returning (name, device_type) pairs) to TPUClusterResolver, or use "
-        "tpu='local' on the TPU VM itself."
-    )
+    from jaxcluster._auth import AUTH_TOKEN_ENV, auth_token_from_env
+    from jaxcluster._native import core
+    from jaxcluster.errors import JaxClusterError
+
+    if not master:
+        raise ValueError(
+            "Cannot list TPU devices: the resolver has no master address to ask (empty "
+            "cluster); pass device_lister= or resolve a TPU first"
+        )
+    token = auth_token_from_env()
+    try:
+        client = core.WorkerClient(master, token, timeout, connect_timeout=timeout)
+        listed = client.list_devices(timeout)
+    except JaxClusterError as exc:
+        raise RuntimeError(
+            f"Cannot list the devices of the TPU worker at {master!r} over jaxcluster's "
+            f"ListDevices RPC: {exc}. Check that `jaxcluster worker` runs there, that "
+            f"{AUTH_TOKEN_ENV} holds its token, and that the port is reachable; or pass "
+            "device_lister= to TPUClusterResolver."
+        ) from exc
+    return [DeviceInfo(d["name"], d["device_type"]) for d in listed]
 
 
 def core_counts(devices: list[DeviceInfo]) -> tuple[dict[Any, list[Any]], int, int]:

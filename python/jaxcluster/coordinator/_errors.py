@@ -5,8 +5,9 @@ raise a closure's error (the pending error of ``schedule``/``join``/``done``), a
 :class:`~jaxcluster.coordinator.RemoteValue` calls it for its own result, so both raise the
 same thing. Result tuples:
 
-- ``("error", kind, type_name, module, message, traceback, pickled_exception, worker)``
-  with ``kind`` ``"user"``, ``"input"`` or ``"infra:<GRPC_CODE_NAME>"``;
+- ``("error", kind, type_name, module, message, traceback, pickled_exception, worker,
+  ps_task)`` with ``kind`` ``"user"``, ``"input"`` or ``"infra:<GRPC_CODE_NAME>"`` and
+  ``ps_task`` the parameter-server task of a ps failure or ``None`` (optional);
 - ``("cancelled", message)``.
 
 Example::
@@ -71,6 +72,21 @@ def _user_exception(
     )
 
 
+def _ps_failure(exc: BaseException, ps_task: Any, message: str, worker: str) -> BaseException:
+    """``exc``, unless the worker reported a ps failure that did not survive pickling: then
+    a ``PSUnavailableError`` with the task, so callers can rely on the type."""
+    if ps_task is None or isinstance(exc, errors.PSUnavailableError):
+        return exc
+    error = errors.PSUnavailableError(
+        f"parameter server task {ps_task} is unavailable: {message} (reported by worker {worker})"
+    )
+    error.task_type = "ps"  # type: ignore[attr-defined]
+    error.task_id = int(ps_task)  # type: ignore[attr-defined]
+    error.address = None  # type: ignore[attr-defined]
+    error.original_exception = exc  # type: ignore[attr-defined]
+    return error
+
+
 def build_exception(result: Sequence[Any]) -> BaseException:
     """The exception a failed or cancelled closure's result tuple stands for.
 
@@ -95,11 +111,14 @@ def build_exception(result: Sequence[Any]) -> BaseException:
             f"{len(result)} items"
         )
     _, kind, type_name, module, message, traceback, pickled, worker = result[:8]
+    ps_task = result[8] if len(result) > 8 else None
     kind = str(kind)
     if kind == "user":
-        return _user_exception(type_name, module, message, traceback, pickled, worker)
+        exc = _user_exception(type_name, module, message, traceback, pickled, worker)
+        return _ps_failure(exc, ps_task, message, worker)
     if kind == "input":
         original = _user_exception(type_name, module, message, traceback, pickled, worker)
+        original = _ps_failure(original, ps_task, message, worker)
         wrapped = errors.ClosureInputError(original)
         _add_note(wrapped, f"The input failed on worker {worker}.")
         return wrapped

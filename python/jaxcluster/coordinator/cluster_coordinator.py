@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
+from jaxcluster._auth import auth_token_from_env
+from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
 from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunction
 from jaxcluster.coordinator.per_worker import PerWorkerDataset, PerWorkerValues
@@ -22,7 +24,6 @@ from jaxcluster.coordinator.structure import map_structure
 
 __all__ = ["ClusterCoordinator"]
 
-TOKEN_ENV = "JAXCLUSTER_AUTH_TOKEN"
 _ERROR_POLICIES = ("cancel_all", "per_closure")
 # How long the workers' JAX platforms are trusted before asking the dispatcher again.
 _PLATFORMS_TTL_SECONDS = 5.0
@@ -88,6 +89,11 @@ class ClusterCoordinator:
     is used again when it comes back. With ``error_policy="cancel_all"`` (TF's) the first
     closure error is raised by the next ``schedule``/``join``/``done`` and every queued
     closure is cancelled; with ``"per_closure"`` it stays on that closure's RemoteValue.
+    A closure that fails because a parameter server is unreachable is run again while that
+    ps task has fewer than ``TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`` (default 3)
+    failure reports, then fails with ``PSUnavailableError`` (TF's rule).
+    With ``tls_ca`` (a CA path or PEM; else the strategy's, else ``JAXCLUSTER_TLS_CA``) the
+    workers are reached over TLS and verified against that CA.
 
     Example::
 
@@ -108,6 +114,7 @@ class ClusterCoordinator:
         max_queue_size: int = 262144,
         error_policy: str = "cancel_all",
         closure_timeout: float | None = None,
+        tls_ca: str | bytes | os.PathLike[str] | None = None,
     ) -> None:
         if (cluster_resolver is None) == (strategy is None):
             raise TypeError(
@@ -118,7 +125,11 @@ class ClusterCoordinator:
         resolver, strategy_token = _resolver_and_token(
             cluster_resolver if strategy is None else strategy
         )
-        token = auth_token or strategy_token or os.environ.get(TOKEN_ENV) or None
+        token = auth_token or strategy_token or auth_token_from_env()
+        # A strategy's CA serves its workers too (it has the same cluster's certificates).
+        strategy_ca = getattr(strategy, "tls_ca", None) if strategy is not None else None
+        ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
+        ca = ca or ca_from_env()
         self._addresses = _worker_addresses(resolver)
         self._cluster_resolver = resolver
         from jaxcluster._native import core
@@ -126,6 +137,7 @@ class ClusterCoordinator:
         self._dispatcher = core.Dispatcher(
             self._addresses,
             auth_token=token,
+            tls_ca=ca,
             max_queue_size=max_queue_size,
             error_policy=error_policy,  # type: ignore[arg-type]  # checked above
             closure_timeout=None if closure_timeout is None else float(closure_timeout),
@@ -206,8 +218,10 @@ class ClusterCoordinator:
 
     def metrics(self) -> dict[str, Any]:
         """Gauges ``queued``/``inflight``, counters ``completed``, ``failed``, ``retried``,
-        ``worker_failures``, ``functions_registered``, per-worker ``workers`` and the
-        ``latency`` histogram (schedule to result, seconds)."""
+        ``worker_failures``, ``ps_failures`` (closure runs that failed on an unreachable
+        parameter server, retried as transient or raised), ``functions_registered``,
+        per-worker ``workers`` and the ``latency`` histogram (schedule to result,
+        seconds)."""
         return dict(self._dispatcher.metrics())
 
     @property

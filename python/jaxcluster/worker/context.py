@@ -1,4 +1,4 @@
-"""Which worker is running the current closure.
+"""Which worker is running the current closure, and the token this worker process uses.
 
 The executor runs one closure at a time per process, so the index is process-wide (not
 thread-local): threads a closure starts, and iterators it advances, see it too.
@@ -6,12 +6,20 @@ thread-local): threads a closure starts, and iterators it advances, see it too.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["get_current_worker_index", "running_on_worker", "swap_current_index"]
+__all__ = [
+    "get_current_worker_index",
+    "get_worker_auth_token",
+    "running_on_worker",
+    "set_worker_auth_token",
+    "swap_current_index",
+]
 
 _current_index: int | None = None
+_auth_token: str | None = None
 
 
 def get_current_worker_index() -> int:
@@ -55,3 +63,26 @@ def running_on_worker(index: int) -> Iterator[None]:
         yield
     finally:
         _current_index = previous
+
+
+def set_worker_auth_token(token: str | None) -> None:
+    """Records the token this worker was started with (``--auth-token-file`` or
+    ``JAXCLUSTER_AUTH_TOKEN``), so code running in closures can reach parameter servers."""
+    global _auth_token
+    _auth_token = token
+
+
+def get_worker_auth_token() -> str | None:
+    """The token of this process: the one recorded by :func:`set_worker_auth_token`, else
+    ``JAXCLUSTER_AUTH_TOKEN`` (surrounding whitespace ignored), else ``None``.
+
+    Parameter-server variables used inside a closure authenticate with it, so they never
+    carry a token in their pickled form.
+
+    Example::
+
+        token = get_worker_auth_token()   # e.g. on a worker started by LocalCluster
+    """
+    if _auth_token is not None:
+        return _auth_token
+    return os.environ.get("JAXCLUSTER_AUTH_TOKEN", "").strip() or None

@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxcluster.devices import device_type
+
 __all__ = ["jax_runtime_info"]
 
 
-def _tf_names(devices: list[Any], worker_index: int) -> list[str]:
-    try:
-        from jaxcluster.devices import tf_device_names
-    except ImportError:
-        tf_device_names = None
-    if tf_device_names is not None:
-        return list(tf_device_names(devices, job="worker"))
-    # Same format, used until jaxcluster.devices is available in this build.
-    return [
-        f"/job:worker/replica:0/task:{worker_index}/device:{d.platform.upper()}:{d.id}"
-        for d in devices
-    ]
+def _named(devices: list[Any], worker_index: int) -> list[tuple[str, str]]:
+    # A worker is task <worker_index> of the `worker` job whatever JAX's process_index says
+    # (each worker is its own single-process JAX runtime, so that is 0 everywhere); naming
+    # the task by worker index keeps the names of different workers' devices distinct, which
+    # is what TPU device maps group hosts by.
+    named = []
+    for device in devices:
+        kind = device_type(device)
+        named.append((f"/job:worker/replica:0/task:{worker_index}/device:{kind}:{device.id}", kind))
+    return named
 
 
 def jax_runtime_info(worker_index: int) -> dict[str, Any]:
@@ -28,10 +28,8 @@ def jax_runtime_info(worker_index: int) -> dict[str, Any]:
     """
     import jax
 
-    devices = list(jax.local_devices())
-    names = _tf_names(devices, worker_index)
     return {
-        "devices": [(name, d.platform.upper()) for name, d in zip(names, devices, strict=True)],
+        "devices": _named(list(jax.local_devices()), worker_index),
         "platform": jax.default_backend(),
         "jax_version": jax.__version__,
     }

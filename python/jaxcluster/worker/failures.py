@@ -1,4 +1,5 @@
-"""Capturing an exception raised on a worker so the coordinator can rebuild it."""
+"""Capturing an exception raised on a worker so the coordinator can rebuild it, and
+telling the coordinator when it is a parameter-server failure."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from types import TracebackType
 from typing import Any
 
 from jaxcluster import wire
+from jaxcluster.strategy.failures import failed_ps_task
 
 __all__ = ["describe_exception"]
 
@@ -38,7 +40,9 @@ def describe_exception(
     """Keyword arguments for ``WorkerJob.reply_error`` describing ``exc``.
 
     Type name, module, message and traceback text are always there; ``exception`` is the
-    pickled exception, or ``None`` when it cannot make the round trip.
+    pickled exception, or ``None`` when it cannot make the round trip. ``ps_task`` is the
+    ps task a ``PSUnavailableError`` (possibly wrapped) names, read from its fields, so the
+    coordinator can apply TF's transient-ps-failure rule without parsing the message.
     """
     tb = _user_traceback(exc, internal_files)
     text = "".join(traceback.format_exception(type(exc), exc, tb))
@@ -54,4 +58,5 @@ def describe_exception(
         "traceback": text,
         "exception": pickled,
         "exception_buffers": buffers,
+        "ps_task": failed_ps_task(exc),
     }

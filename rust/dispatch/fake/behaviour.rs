@@ -20,6 +20,14 @@ pub enum Behaviour {
     GateRaise(String),
     /// `crash-on:<worker>`: crash when run on that worker, else echo.
     CrashOn(usize),
+    /// `ps-fail:<task>:<times>`: the first `times` executions of each closure fail with a
+    /// parameter-server failure naming ps task `task`; later ones echo.
+    PsFail {
+        /// The ps task the failure names.
+        task: i64,
+        /// How many executions of one closure fail.
+        times: usize,
+    },
     /// `resource`: as a resource, build successfully.
     Resource,
     /// `resource-raise`: as a resource, fail to build (user error).
@@ -47,6 +55,10 @@ impl Behaviour {
             ("crash-on", worker) if worker.parse::<usize>().is_ok() => {
                 Self::CrashOn(worker.parse().unwrap_or(0))
             }
+            ("ps-fail", spec) => match spec.split_once(':').map(|(t, n)| (t.parse(), n.parse())) {
+                Some((Ok(task), Ok(times))) => Self::PsFail { task, times },
+                _ => Self::Unknown(text.into_owned()),
+            },
             _ => Self::Unknown(text.into_owned()),
         }
     }
@@ -77,6 +89,14 @@ mod tests {
         );
         assert_eq!(Behaviour::parse(b"gate:a"), Behaviour::Gate("a".into()));
         assert_eq!(Behaviour::parse(b"crash-on:2"), Behaviour::CrashOn(2));
+        assert_eq!(
+            Behaviour::parse(b"ps-fail:1:2"),
+            Behaviour::PsFail { task: 1, times: 2 }
+        );
+        assert!(matches!(
+            Behaviour::parse(b"ps-fail:x:2"),
+            Behaviour::Unknown(_)
+        ));
         assert_eq!(
             Behaviour::parse(b"sleep:soon"),
             Behaviour::Unknown("sleep:soon".into())

@@ -13,7 +13,8 @@
 //!
 //! What a function does is spelled by its payload (UTF-8), see [`behaviour`]:
 //! `echo`, `raise`, `infra`, `sleep:<ms>`, `gate:<name>`, `gate-raise:<name>`,
-//! `crash-on:<worker>`, and for resources `resource` / `resource-raise`. Arguments whose
+//! `crash-on:<worker>`, `ps-fail:<task>:<times>`, and for resources `resource` /
+//! `resource-raise`. Arguments whose
 //! pickle starts with `res:<id>,<id>…` use those resources, as a real worker resolves
 //! persistent ids.
 
@@ -83,8 +84,15 @@ impl ClusterInner {
             .subscribe()
     }
 
-    fn record_execution(&self, closure_id: u64, worker: usize) {
-        lock(&self.executions).push(Execution { closure_id, worker });
+    /// Logs an execution; returns how many executions of `closure_id` there were, this
+    /// one included.
+    fn record_execution(&self, closure_id: u64, worker: usize) -> usize {
+        let mut executions = lock(&self.executions);
+        executions.push(Execution { closure_id, worker });
+        executions
+            .iter()
+            .filter(|execution| execution.closure_id == closure_id)
+            .count()
     }
 
     /// A uniform draw in `[0, 1)`.

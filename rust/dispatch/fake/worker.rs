@@ -166,6 +166,7 @@ pub(super) fn user_error(type_name: &str, message: String) -> pb::ClosureError {
         traceback: "Traceback (most recent call last):\n  (fake worker)\n".to_owned(),
         exception: None,
         resource_id: None,
+        ps_task: None,
     }
 }
 
@@ -186,7 +187,7 @@ pub(super) async fn execute(
 ) -> pb::RunClosureResponse {
     let _running = Running::start(&cluster, index);
     let closure_id = request.closure_id;
-    cluster.record_execution(closure_id, index);
+    let attempt = cluster.record_execution(closure_id, index);
     let args = request.args.unwrap_or_default();
     let worker = &cluster.workers[index];
     for id in resource_ids(&args.pickle) {
@@ -217,7 +218,17 @@ pub(super) async fn execute(
         )
     };
     match behaviour {
-        Behaviour::Echo | Behaviour::CrashOn(_) => echo,
+        Behaviour::PsFail { task, times } if attempt <= times => failed(
+            pb::ClosureError {
+                ps_task: Some(task),
+                ..user_error(
+                    "PSUnavailableError",
+                    format!("parameter server task {task} is unavailable (fake)"),
+                )
+            },
+            closure_id,
+        ),
+        Behaviour::Echo | Behaviour::CrashOn(_) | Behaviour::PsFail { .. } => echo,
         Behaviour::Raise => raised(),
         Behaviour::Infra => failed(
             pb::ClosureError {

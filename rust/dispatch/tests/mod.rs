@@ -4,6 +4,7 @@
 
 mod outcomes;
 mod pipelining;
+mod ps_failures;
 mod real_worker;
 mod recovery;
 mod resources;

@@ -108,6 +108,7 @@ fn execute_jobs(server: &WorkerServer, ran: &Mutex<Vec<u64>>) {
                         traceback: "Traceback (most recent call last): ...".into(),
                         exception: None,
                         resource_id: None,
+                        ps_task: None,
                     })
                 } else {
                     pb::run_closure_response::Outcome::Result(args.unwrap_or_default())

@@ -220,3 +220,80 @@ fn a_wait_cut_short_while_raising_leaves_the_error_pending() {
     );
     ledger.assert_each_settled_once();
 }
+
+/// An item whose cancellation blocks until released, to catch a wait that returns while a
+/// put-back closure is still being cancelled.
+struct GatedCancel {
+    started: std::sync::mpsc::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+    cancelled: Arc<AtomicBool>,
+}
+
+impl crate::queue::Cancel for GatedCancel {
+    fn cancel(self) {
+        let _ = self.started.send(());
+        self.release
+            .recv_timeout(PROMPTLY)
+            .expect("the test releases the cancellation");
+        self.cancelled.store(true, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_put_back_closure_is_cancelled_before_a_wait_sees_nothing_inflight() {
+    use std::sync::mpsc;
+    let queue = Arc::new(crate::queue::ClosureQueue::<GatedCancel, String>::new(8));
+    let (started_tx, started_rx) = mpsc::channel();
+    let (release_tx, release_rx) = mpsc::channel();
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let gated = GatedCancel {
+        started: started_tx,
+        release: release_rx,
+        cancelled: Arc::clone(&cancelled),
+    };
+    // A second closure, which fails: its cancellation is never asked for.
+    let (unused_tx, unused_rx) = mpsc::channel();
+    let failing = GatedCancel {
+        started: unused_tx,
+        release: unused_rx,
+        cancelled: Arc::new(AtomicBool::new(false)),
+    };
+    queue.put(gated, None).unwrap();
+    queue.put(failing, None).unwrap();
+    let taken = queue.try_get(None).unwrap();
+    let failed = queue.try_get(None).unwrap();
+    queue.mark_failed("boom".to_owned()).unwrap();
+    drop(failed);
+    let putter = {
+        let queue = Arc::clone(&queue);
+        spawn(move || queue.put_back(taken).is_ok())
+    };
+    started_rx
+        .recv_timeout(PROMPTLY)
+        .expect("put_back starts cancelling the closure");
+    let waiter = {
+        let queue = Arc::clone(&queue);
+        let cancelled = Arc::clone(&cancelled);
+        let (done_tx, done_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let raised = matches!(queue.wait(Some(PROMPTLY)), Err(QueueError::Failed(_)));
+            let _ = done_tx.send((raised, cancelled.load(Ordering::SeqCst)));
+        });
+        done_rx
+    };
+    // While the cancellation runs the closure still counts as inflight, so the wait (which
+    // raises the error only once nothing is inflight) cannot have returned.
+    assert!(
+        waiter.recv_timeout(Duration::from_millis(200)).is_err(),
+        "wait() returned while a put-back closure was still being cancelled"
+    );
+    release_tx.send(()).unwrap();
+    assert!(putter.join("put_back"));
+    let (raised, was_cancelled) = waiter.recv_timeout(PROMPTLY).expect("wait returns");
+    assert!(raised, "wait() raises the pending error");
+    assert!(
+        was_cancelled,
+        "the cancellation finished before wait() returned"
+    );
+    assert_eq!(queue.inflight(), 0);
+}

@@ -1,0 +1,156 @@
+"""assign_add throughput and latency: jaxcluster's Rust ps vs a pure-Python grpcio ps.
+
+For each variable (a float32 scalar, and a 1 MiB float32 vector) and each server
+(``python -m jaxcluster.ps``, and ``ps_grpc_baseline.py``), two client processes call
+``assign_add`` back to back for ``--seconds``; jaxcluster's clients use
+``jaxcluster._core.PsClient``, the baseline's the grpcio stub. Reported: total updates/s,
+per-call latency p50/p99, and the ratio jaxcluster / baseline. The final value is read back
+and checked against the number of updates, so neither side may drop one.
+
+    python benches/ps_bench.py                 # build with `maturin develop --release` first
+    python benches/ps_bench.py --seconds 3 --clients 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+TOKEN = "ps-bench-token"
+SIZES = {"scalar": (), "1MiB": (262144,)}
+
+_CLIENT = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    impl, address, name, shape, seconds = sys.argv[1:6]
+    shape = tuple(json.loads(shape))
+    if impl == "jaxcluster":
+        from jaxcluster._native import core
+        client = core.PsClient(address, auth_token=%(token)r)
+    else:
+        sys.path.insert(0, %(here)r)
+        from ps_grpc_baseline import BaselineClient
+        client = BaselineClient(address)
+    delta = np.ones(shape, np.float32)
+    client.assign_add(name, delta)  # connect and warm up
+    print("ready", flush=True)
+    sys.stdin.readline()
+    latencies = []
+    end = time.perf_counter() + float(seconds)
+    while True:
+        start = time.perf_counter()
+        if start >= end:
+            break
+        client.assign_add(name, delta)
+        latencies.append(time.perf_counter() - start)
+    print(json.dumps({"ops": len(latencies) + 1, "latencies": latencies}), flush=True)
+    """
+) % {"token": TOKEN, "here": str(HERE)}
+
+
+def start_server(impl: str) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "JAXCLUSTER_AUTH_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+    if impl == "jaxcluster":
+        command = [sys.executable, "-m", "jaxcluster.ps", "--address", "127.0.0.1:0"]
+    else:
+        command = [sys.executable, str(HERE / "ps_grpc_baseline.py"), "--address", "127.0.0.1:0"]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    assert server.stdout is not None
+    line = server.stdout.readline()
+    match = re.search(r"listening on (\S+)", line)
+    if match is None:
+        server.kill()
+        raise RuntimeError(f"{impl} server did not start: {line!r}")
+    return server, match.group(1)
+
+
+def make_client(impl: str, address: str) -> Any:
+    if impl == "jaxcluster":
+        from jaxcluster._native import core
+
+        return core.PsClient(address, auth_token=TOKEN)
+    sys.path.insert(0, str(HERE))
+    from ps_grpc_baseline import BaselineClient
+
+    return BaselineClient(address)
+
+
+def run(impl: str, size: str, clients: int, seconds: float) -> dict[str, float]:
+    server, address = start_server(impl)
+    try:
+        shape = SIZES[size]
+        make_client(impl, address).create_variable(size, np.zeros(shape, np.float32))
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    _CLIENT,
+                    impl,
+                    address,
+                    size,
+                    json.dumps(shape),
+                    str(seconds),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(clients)
+        ]
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = [json.loads(p.communicate(timeout=seconds + 120)[0]) for p in procs]
+        ops = sum(r["ops"] for r in results)
+        final = make_client(impl, address).read(size)
+        if not np.all(final == ops):
+            raise AssertionError(f"{impl}: {ops} updates but the variable holds {final.flat[0]}")
+        latencies = np.array([x for r in results for x in r["latencies"]])
+        return {
+            "updates_per_s": (ops - clients) / seconds,
+            "p50_us": float(np.percentile(latencies, 50) * 1e6),
+            "p99_us": float(np.percentile(latencies, 99) * 1e6),
+        }
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=2)
+    args = parser.parse_args()
+    print(f"assign_add from {args.clients} client processes, {args.seconds:g} s each run")
+    print(f"{'variable':<8} {'server':<11} {'updates/s':>10} {'p50 µs':>9} {'p99 µs':>9}")
+    for size in SIZES:
+        rows = {
+            impl: run(impl, size, args.clients, args.seconds) for impl in ("jaxcluster", "grpcio")
+        }
+        for impl, r in rows.items():
+            print(
+                f"{size:<8} {impl:<11} {r['updates_per_s']:>10.0f} {r['p50_us']:>9.0f} "
+                f"{r['p99_us']:>9.0f}"
+            )
+        ratio = rows["jaxcluster"]["updates_per_s"] / rows["grpcio"]["updates_per_s"]
+        print(f"{size:<8} ratio jaxcluster/grpcio: {ratio:.1f}x updates/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

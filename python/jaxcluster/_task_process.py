@@ -1,0 +1,224 @@
+"""What every long-running task process (``jaxcluster worker``, ``jaxcluster ps``) shares:
+its flags, its token, finding its own task through a resolver, and noticing its parent died.
+
+Example::
+
+    parser = argparse.ArgumentParser(prog="jaxcluster ps")
+    add_task_arguments(parser, job="ps", example_environment="kubernetes")
+    token, address, index = task_settings(parser.parse_args(), job="ps", prog="jaxcluster ps")
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from jaxcluster._auth import AUTH_TOKEN_ENV, auth_token_from_env
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "TaskSetupError",
+    "add_task_arguments",
+    "read_token",
+    "task_settings",
+    "tls_error",
+    "tls_files",
+    "watch_stdin",
+]
+
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# Between attempts to resolve the cluster while its other tasks are still starting.
+_RESOLVE_RETRY_SECONDS = 2.0
+
+
+class TaskSetupError(Exception):
+    """A flag or environment value the task process cannot start with."""
+
+
+def add_task_arguments(
+    parser: argparse.ArgumentParser, *, job: str, example_environment: str
+) -> None:
+    """Adds the flags every task process takes to ``parser``."""
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="HOST:PORT to bind (default 127.0.0.1:0; port 0 picks a free port). A "
+        "non-loopback address needs a token.",
+    )
+    parser.add_argument(
+        "--auth-token-file",
+        type=Path,
+        default=None,
+        help="file holding the token every request must carry (surrounding whitespace "
+        f"ignored); else ${AUTH_TOKEN_ENV}",
+    )
+    parser.add_argument(
+        "--index", type=int, default=None, help=f"this task's index in the {job} job (default 0)"
+    )
+    parser.add_argument(
+        "--from-resolver",
+        metavar="NAME",
+        default=None,
+        help="take the index (and, without --address, the port) from "
+        f"jaxcluster.cluster_resolver.resolve(environment=NAME), e.g. {example_environment!r}",
+    )
+    parser.add_argument(
+        "--resolver-timeout",
+        type=float,
+        default=300.0,
+        help="with --from-resolver: seconds to keep retrying while the cluster's other tasks "
+        "are still starting (default 300)",
+    )
+    parser.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=DEFAULT_MAX_MESSAGE_BYTES,
+        help="largest request or response in bytes (default 64 MiB)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        default=None,
+        help="serve TLS with this PEM certificate chain (needs --tls-key); clients then "
+        "connect with tls_ca=",
+    )
+    parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
+    parser.add_argument(
+        "--stop-on-stdin-eof",
+        action="store_true",
+        help="stop when standard input closes (LocalCluster uses this so tasks never outlive "
+        "their parent)",
+    )
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The token from ``token_file`` (whitespace stripped), else from the environment."""
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise TaskSetupError(f"cannot read --auth-token-file {token_file}: {exc}") from exc
+        if not token:
+            raise TaskSetupError(
+                f"--auth-token-file {token_file} is empty; expected the token on one line"
+            )
+        return token
+    return auth_token_from_env()
+
+
+def tls_files(args: argparse.Namespace) -> tuple[bytes | None, bytes | None]:
+    """``(certificate PEM, key PEM)`` from ``--tls-cert``/``--tls-key``: both or neither."""
+    cert_file: Path | None = args.tls_cert
+    key_file: Path | None = args.tls_key
+    if (cert_file is None) != (key_file is None):
+        given, missing = (
+            ("--tls-cert", "--tls-key")
+            if key_file is None
+            else (
+                "--tls-key",
+                "--tls-cert",
+            )
+        )
+        raise TaskSetupError(
+            f"{given} was given without {missing}; TLS needs both --tls-cert and --tls-key"
+        )
+    if cert_file is None or key_file is None:
+        return None, None
+    pems = []
+    for flag, path in (("--tls-cert", cert_file), ("--tls-key", key_file)):
+        try:
+            pems.append(path.read_bytes())
+        except OSError as exc:
+            raise TaskSetupError(f"cannot read {flag} {path}: {exc}") from exc
+    return pems[0], pems[1]
+
+
+def tls_error(exc: Exception, args: argparse.Namespace) -> str:
+    """``exc``'s message, naming the files behind ``tls_cert``/``tls_key`` when it is
+    about them (the native layer sees only their bytes)."""
+    text = str(exc)
+    if args.tls_cert is not None and ("tls_cert" in text or "tls_key" in text):
+        text += f" (from --tls-cert {args.tls_cert} and --tls-key {args.tls_key})"
+    return text
+
+
+def _own_task(name: str, job: str) -> tuple[str, int]:
+    """``(bind address, index)`` of this task from the named resolver, resolved once."""
+    from jaxcluster.cluster_resolver import resolve
+
+    resolver = resolve(environment=name)
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if task_id is None:
+        raise TaskSetupError(
+            f"the {name!r} resolver did not determine this task's index; pass --index"
+        )
+    spec = resolver.cluster_spec()
+    if task_type is not None and task_type != job and job in spec.jobs:
+        raise TaskSetupError(
+            f"the {name!r} resolver places this process as task {task_id} of job "
+            f"{task_type!r}, not of job {job!r}; start it with `jaxcluster {task_type}` if "
+            f"that is a task process, or fix the task type (e.g. JAXCLUSTER_TASK_TYPE={job})"
+        )
+    # Without a job of our name the launch holds one role only (e.g. one srun step per
+    # role), so the job the resolver names is this one.
+    address = spec.task_address(task_type or job, task_id)
+    port = address.rsplit(":", 1)[-1]
+    # The resolved host is how others reach us; listen on every interface at that port.
+    return f"0.0.0.0:{port}", int(task_id)
+
+
+def _from_resolver(name: str, timeout: float, job: str, prog: str) -> tuple[str, int]:
+    """:func:`_own_task`, retried while the cluster is still coming up (e.g. Kubernetes
+    pods not yet Running) until ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + max(0.0, timeout)
+    while True:
+        try:
+            return _own_task(name, job)
+        except TaskSetupError:
+            raise
+        except RuntimeError as exc:  # peers not ready yet: worth another look
+            if time.monotonic() >= deadline:
+                raise TaskSetupError(
+                    f"--from-resolver {name!r} still failed after {timeout:g} s: {exc}"
+                ) from exc
+            print(f"{prog}: waiting for the cluster: {exc}", file=sys.stderr, flush=True)
+            time.sleep(_RESOLVE_RETRY_SECONDS)
+        except (ValueError, KeyError, TypeError, ImportError) as exc:
+            raise TaskSetupError(f"--from-resolver {name!r} failed: {exc}") from exc
+
+
+def task_settings(args: argparse.Namespace, *, job: str, prog: str) -> tuple[str | None, str, int]:
+    """``(token, bind address, index)`` from the flags, the environment and the resolver."""
+    token = read_token(args.auth_token_file)
+    address, index = args.address, args.index
+    if args.from_resolver is not None:
+        resolved_address, resolved_index = _from_resolver(
+            args.from_resolver, args.resolver_timeout, job, prog
+        )
+        address = address or resolved_address
+        index = resolved_index if index is None else index
+    index = 0 if index is None else index
+    if index < 0:
+        raise TaskSetupError(f"--index {index} is negative; expected 0 or more")
+    return token, address or "127.0.0.1:0", index
+
+
+def watch_stdin(on_eof: Callable[[], None]) -> None:
+    """Calls ``on_eof`` from a daemon thread once standard input closes (the parent died)."""
+
+    def watch() -> None:
+        # os.read on the descriptor, not sys.stdin.buffer: a daemon thread blocked in the
+        # buffered reader aborts interpreter shutdown ("could not acquire lock").
+        try:
+            while os.read(0, 65536):
+                pass
+        except OSError:
+            pass
+        on_eof()
+
+    threading.Thread(target=watch, name="jaxcluster-stdin-watch", daemon=True).start()

@@ -1,0 +1,52 @@
+"""One ``PsClient`` per (ps address, token, CA) per process, shared by every variable.
+
+A worker may unpickle the same variables for many closures; all of them share one gRPC
+connection per ps task. The cache is keyed by process id too, so a forked child (whose
+inherited connections are unusable) builds its own.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+__all__ = ["PS_CALL_TIMEOUT", "client_for", "default_tls_ca", "default_token"]
+
+#: Seconds one variable operation may take before it fails with DeadlineExceededError.
+PS_CALL_TIMEOUT = 60.0
+
+_lock = threading.Lock()
+_clients: dict[tuple[int, str, str | None, bytes | None], Any] = {}
+
+
+def default_token() -> str | None:
+    """The token for variables unpickled in this process: the worker's own token when
+    running on a worker, else ``JAXCLUSTER_AUTH_TOKEN``."""
+    from jaxcluster.worker.context import get_worker_auth_token
+
+    return get_worker_auth_token()
+
+
+def default_tls_ca() -> bytes | None:
+    """The CA for variables unpickled in this process: ``JAXCLUSTER_TLS_CA``, else ``None``
+    (plaintext)."""
+    from jaxcluster._tls import ca_from_env
+
+    return ca_from_env()
+
+
+def client_for(address: str, token: str | None, tls_ca: bytes | None = None) -> Any:
+    """The shared ``jaxcluster._core.PsClient`` for ``address`` with ``token`` (and over TLS
+    verified against ``tls_ca`` when given)."""
+    key = (os.getpid(), address, token, tls_ca)
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            from jaxcluster._native import core
+
+            client = core.PsClient(
+                address, auth_token=token, timeout=PS_CALL_TIMEOUT, tls_ca=tls_ca
+            )
+            _clients[key] = client
+        return client

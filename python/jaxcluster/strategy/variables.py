@@ -1,0 +1,273 @@
+"""Variables that live on parameter servers, and the proxies closures use.
+
+A :class:`ParameterServerVariable` is a name, a dtype, a shape and a shard layout: which
+ps task holds which rows under which key. It holds no value locally. Every operation is
+one RPC per shard, made with the GIL released; an update to one shard is atomic on its ps.
+Pickled (e.g. captured by a scheduled closure) it carries only that layout, never a token:
+a worker that unpickles it authenticates with its own token and shares one connection per
+ps task with every other variable in the process.
+
+Example::
+
+    with strategy.scope():
+        v = strategy.Variable(0.0)
+    v.assign_add(0.5)
+    v.read_value()          # array(0.5, dtype=float32)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxcluster import errors
+from jaxcluster.strategy import _clients
+from jaxcluster.strategy.failures import ps_unavailable
+
+__all__ = ["ParameterServerVariable", "Shard"]
+
+
+class Shard(NamedTuple):
+    """Rows ``[start, stop)`` of a variable (all of it for a scalar), held by ps task
+    ``task`` at ``address`` under ``key``."""
+
+    task: int
+    address: str
+    key: str
+    start: int
+    stop: int
+
+
+def _describe(dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
+    return f"{dtype.name}[{', '.join(str(d) for d in shape)}]"
+
+
+class ParameterServerVariable:
+    """A variable on parameter servers (possibly sharded along axis 0).
+
+    Made by :meth:`ParameterServerStrategy.Variable`; usable on the coordinator and inside
+    closures on workers. Values given to ``assign*`` may be numpy arrays, JAX arrays or
+    Python numbers; they must have the variable's shape and are converted to its dtype when
+    that keeps their kind (``float64`` → ``float32`` yes, ``float`` → ``int`` no).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        dtype: Any,
+        shape: Sequence[int],
+        shards: Sequence[Shard],
+        *,
+        auth_token: str | None = None,
+        tls_ca: bytes | None = None,
+    ) -> None:
+        self._name = name
+        self._dtype = np.dtype(dtype)
+        self._shape = tuple(int(d) for d in shape)
+        self._shards = tuple(Shard(*s) for s in shards)
+        self._token = auth_token if auth_token is not None else _clients.default_token()
+        self._tls_ca = tls_ca if tls_ca is not None else _clients.default_tls_ca()
+
+    # -- identity ------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The variable's name (its key in checkpoints)."""
+        return self._name
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        """Element type, as a numpy dtype."""
+        return self._dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Dimensions; ``()`` for a scalar."""
+        return self._shape
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        """Where the variable lives: one :class:`Shard` per piece, in row order."""
+        return self._shards
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Layout only; the unpickling process supplies its own token and CA.
+        return (
+            _rebuild,
+            (
+                self._name,
+                self._dtype.str,
+                self._dtype.name,
+                self._shape,
+                tuple(tuple(s) for s in self._shards),
+            ),
+        )
+
+    def __repr__(self) -> str:
+        where = ", ".join(f"ps:{s.task}" for s in self._shards)
+        return (
+            f"<ParameterServerVariable {self._name!r} {_describe(self._dtype, self._shape)} "
+            f"on {where}>"
+        )
+
+    # -- RPC plumbing --------------------------------------------------------------------
+
+    def _call(self, shard: Shard, method: str, *args: Any, **kwargs: Any) -> Any:
+        """Calls ``PsClient.<method>(*args, **kwargs)`` on ``shard``'s ps task; an
+        unreachable or restarted ps becomes a ``PSUnavailableError`` naming the task (by
+        the RPC's status code)."""
+        client = _clients.client_for(shard.address, self._token, self._tls_ca)
+        try:
+            return getattr(client, method)(*args, **kwargs)
+        except errors.PSUnavailableError:
+            raise
+        except errors.UnavailableError as exc:
+            raise ps_unavailable(shard.task, shard.address, str(exc), exc) from exc
+        except errors.NotFoundError as exc:
+            detail = (
+                f"it no longer holds {shard.key!r} (part of variable {self._name!r}): the ps "
+                f"restarted and lost its variables; restore them from a checkpoint "
+                f"({exc})"
+            )
+            raise ps_unavailable(shard.task, shard.address, detail, exc) from exc
+
+    def _coerce(self, value: Any, op: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """``value`` as an array of this variable's dtype and ``shape`` (its own by
+        default); ``TypeError``/``ValueError`` saying what was wrong otherwise."""
+        array = np.asarray(value)
+        want = self._shape if shape is None else shape
+        if array.dtype != self._dtype:
+            if array.dtype.kind not in "biuf" or not np.can_cast(
+                array.dtype, self._dtype, casting="same_kind"
+            ):
+                raise TypeError(
+                    f"{op} to variable {self._name!r} ({_describe(self._dtype, self._shape)}) "
+                    f"got a {array.dtype.name} value; expected {self._dtype.name} or a type "
+                    f"that converts to it without changing kind (e.g. float64 -> float32)"
+                )
+            array = array.astype(self._dtype)
+        if array.shape != want:
+            raise ValueError(
+                f"{op} to variable {self._name!r} ({_describe(self._dtype, self._shape)}) got "
+                f"a value of shape {array.shape}; expected shape {want} (values are not "
+                "broadcast)"
+            )
+        return array
+
+    def _piece(self, array: np.ndarray, shard: Shard) -> np.ndarray:
+        return array if len(self._shards) == 1 else array[shard.start : shard.stop]
+
+    def _update(self, method: str, value: Any, read_value: bool) -> ParameterServerVariable | None:
+        array = self._coerce(value, method)
+        for shard in self._shards:
+            piece = self._piece(array, shard)
+            self._call(shard, method, shard.key, piece)
+        return self if read_value else None
+
+    # -- the TF Variable API -------------------------------------------------------------
+
+    def read_value(self) -> np.ndarray:
+        """The current value, as a new writable numpy array. Each shard is read atomically;
+        shards of one variable are read one after another."""
+        pieces = [self._call(s, "read", s.key) for s in self._shards]
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+
+    def value(self) -> np.ndarray:
+        """Same as :meth:`read_value`."""
+        return self.read_value()
+
+    def numpy(self) -> np.ndarray:
+        """Same as :meth:`read_value` (TF's eager spelling)."""
+        return self.read_value()
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        value = self.read_value()
+        return value if dtype is None else value.astype(dtype)
+
+    def assign(
+        self,
+        value: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> ParameterServerVariable | None:
+        """``variable = value``. Returns this variable (read lazily, like TF's), or
+        ``None`` with ``read_value=False``."""
+        return self._update("assign", value, read_value)
+
+    def assign_add(
+        self,
+        delta: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> ParameterServerVariable | None:
+        """``variable += delta``, atomically per shard: concurrent calls never lose an
+        update. Returns this variable, or ``None`` with ``read_value=False``."""
+        return self._update("assign_add", delta, read_value)
+
+    def assign_sub(
+        self,
+        delta: Any,
+        use_locking: bool = False,
+        name: str | None = None,
+        read_value: bool = True,
+    ) -> ParameterServerVariable | None:
+        """``variable -= delta``, atomically per shard. Returns this variable, or ``None``
+        with ``read_value=False``."""
+        return self._update("assign_sub", delta, read_value)
+
+    def scatter_add(
+        self, sparse_delta: Any = None, indices: Any = None, updates: Any = None
+    ) -> ParameterServerVariable:
+        """``variable[indices[i], ...] += updates[i, ...]`` (repeated rows add up).
+
+        Give ``indices`` and ``updates``, or one object with ``.indices`` and ``.values``
+        (like TF's ``IndexedSlices``) as ``sparse_delta``. ``indices`` may have any shape;
+        ``updates`` then has shape ``indices.shape + variable.shape[1:]``.
+        """
+        if sparse_delta is not None:
+            indices, updates = sparse_delta.indices, sparse_delta.values
+        if indices is None or updates is None:
+            raise TypeError("scatter_add needs indices and updates (or an IndexedSlices-like)")
+        if not self._shape:
+            raise ValueError(
+                f"scatter_add to scalar variable {self._name!r}: a scalar has no rows; use "
+                "assign_add"
+            )
+        index_array = np.asarray(indices)
+        if index_array.size and index_array.dtype.kind not in "iu":
+            raise TypeError(
+                f"scatter_add to {self._name!r}: indices have dtype {index_array.dtype.name}; "
+                "expected integers (row numbers along axis 0)"
+            )
+        flat = index_array.astype(np.int64).reshape(-1)
+        rows = self._shape[0]
+        bad = np.flatnonzero((flat < 0) | (flat >= rows))
+        if bad.size:
+            raise ValueError(
+                f"scatter_add to {self._name!r} ({_describe(self._dtype, self._shape)}): index "
+                f"{int(flat[bad[0]])} is out of range; expected 0 <= index < {rows}"
+            )
+        shaped = self._coerce(updates, "scatter_add", index_array.shape + self._shape[1:])
+        rows_of_updates = shaped.reshape((flat.size, *self._shape[1:]))
+        for shard in self._shards:
+            mask = (flat >= shard.start) & (flat < shard.stop)
+            if not mask.any():
+                continue
+            local, part = flat[mask] - shard.start, rows_of_updates[mask]
+            self._call(shard, "scatter_add", shard.key, local, part)
+        return self
+
+
+def _rebuild(
+    name: str, dtype_str: str, dtype_name: str, shape: tuple[int, ...], shards: tuple[Any, ...]
+) -> ParameterServerVariable:
+    dtype: Any = dtype_str
+    if dtype_name == "bfloat16":  # numpy cannot name it; ml_dtypes (with JAX) can
+        import ml_dtypes
+
+        dtype = ml_dtypes.bfloat16
+    return ParameterServerVariable(name, dtype, shape, [Shard(*s) for s in shards])

@@ -1,0 +1,284 @@
+//! A tonic client for one parameter server, wrapped by `jaxcluster._core.PsClient`.
+//!
+//! Built like [`crate::rpc::WorkerClient`]: a lazily connecting channel that reconnects by
+//! itself (a restarted ps is usable as soon as it answers), the bearer-token interceptor,
+//! the shared size limits and flow-control windows, and a per-call deadline. Clones share
+//! the connection.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use super::dtype::Op;
+use crate::rpc::auth::BearerToken;
+use crate::rpc::client::{endpoint_uri, ClientConfig};
+use crate::rpc::limits::{
+    validate_max_message_bytes, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES,
+};
+use crate::rpc::{pb, RpcError};
+
+type Inner =
+    pb::parameter_server_client::ParameterServerClient<InterceptedService<Channel, BearerToken>>;
+
+/// A connection to one ps task's `ParameterServer` service.
+#[derive(Clone)]
+pub struct PsClient {
+    inner: Inner,
+    address: String,
+}
+
+impl PsClient {
+    /// Creates a client that connects on first use. Must run inside the tokio runtime
+    /// (e.g. under `runtime().enter()`), which owns the connection's background task.
+    pub fn connect_lazy(config: &ClientConfig) -> Result<Self, RpcError> {
+        let limit = validate_max_message_bytes(config.max_message_bytes)
+            .map_err(RpcError::InvalidArgument)?;
+        let auth =
+            BearerToken::new(config.auth_token.as_deref()).map_err(RpcError::InvalidArgument)?;
+        let uri = endpoint_uri(&config.address).map_err(|_| {
+            RpcError::InvalidArgument(format!(
+                "ps address {:?} is not HOST:PORT; expected e.g. '127.0.0.1:2222', \
+                 '[::1]:2222' or 'grpc://ps-0:2222'",
+                config.address
+            ))
+        })?;
+        let endpoint = crate::rpc::tls::endpoint(uri, config.tls.as_ref())
+            .map_err(|e| {
+                RpcError::InvalidArgument(format!("ps address {:?}: {e}", config.address))
+            })?
+            .connect_timeout(config.connect_timeout)
+            .tcp_nodelay(true)
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .max_frame_size(super::MAX_FRAME_BYTES)
+            // Keepalive notices a ps that vanished without closing its socket.
+            .http2_keep_alive_interval(Duration::from_secs(15))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true);
+        let inner = pb::parameter_server_client::ParameterServerClient::with_interceptor(
+            endpoint.connect_lazy(),
+            auth,
+        )
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+        Ok(Self {
+            inner,
+            address: config.address.clone(),
+        })
+    }
+
+    /// The address this client was made for, as given.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Identity and counters of the ps.
+    pub async fn get_status(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<pb::PsStatusResponse, RpcError> {
+        let mut c = self.inner.clone();
+        let request = pb::PsStatusRequest {};
+        self.call("GetStatus", timeout, request, |r| async move {
+            c.get_status(r).await
+        })
+        .await
+    }
+
+    /// Creates a variable; returns whether one of that name was replaced.
+    pub async fn create_variable(
+        &self,
+        request: pb::CreateVariableRequest,
+        timeout: Option<Duration>,
+    ) -> Result<bool, RpcError> {
+        let mut c = self.inner.clone();
+        let response = self
+            .call("CreateVariable", timeout, request, |r| async move {
+                c.create_variable(r).await
+            })
+            .await?;
+        Ok(response.replaced)
+    }
+
+    /// A consistent copy of a variable and its version.
+    pub async fn read(
+        &self,
+        name: String,
+        timeout: Option<Duration>,
+    ) -> Result<pb::ReadResponse, RpcError> {
+        let mut c = self.inner.clone();
+        let request = pb::ReadRequest { name };
+        self.call("Read", timeout, request, |r| async move { c.read(r).await })
+            .await
+    }
+
+    /// `Assign`, `AssignAdd` or `AssignSub`, by `op`.
+    pub async fn update(
+        &self,
+        op: Op,
+        request: pb::UpdateRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::UpdateResponse, RpcError> {
+        let mut c = self.inner.clone();
+        match op {
+            Op::Assign => {
+                self.call(
+                    "Assign",
+                    timeout,
+                    request,
+                    |r| async move { c.assign(r).await },
+                )
+                .await
+            }
+            Op::Add => {
+                self.call("AssignAdd", timeout, request, |r| async move {
+                    c.assign_add(r).await
+                })
+                .await
+            }
+            Op::Sub => {
+                self.call("AssignSub", timeout, request, |r| async move {
+                    c.assign_sub(r).await
+                })
+                .await
+            }
+        }
+    }
+
+    /// Adds rows of updates into a variable.
+    pub async fn scatter_add(
+        &self,
+        request: pb::ScatterAddRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::UpdateResponse, RpcError> {
+        let mut c = self.inner.clone();
+        self.call("ScatterAdd", timeout, request, |r| async move {
+            c.scatter_add(r).await
+        })
+        .await
+    }
+
+    /// Every variable's name, dtype, shape and version.
+    pub async fn list_variables(
+        &self,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<pb::VariableInfo>, RpcError> {
+        let mut c = self.inner.clone();
+        let request = pb::ListVariablesRequest {};
+        let response = self
+            .call("ListVariables", timeout, request, |r| async move {
+                c.list_variables(r).await
+            })
+            .await?;
+        Ok(response.variables)
+    }
+
+    /// Copies of several variables (all of them when `names` is empty).
+    pub async fn read_many(
+        &self,
+        names: Vec<String>,
+        timeout: Option<Duration>,
+    ) -> Result<Vec<pb::NamedTensor>, RpcError> {
+        let mut c = self.inner.clone();
+        let request = pb::ReadManyRequest { names };
+        let response = self
+            .call("ReadMany", timeout, request, |r| async move {
+                c.read_many(r).await
+            })
+            .await?;
+        Ok(response.variables)
+    }
+
+    /// Assigns several variables all-or-nothing; returns `(assigned, created)`.
+    pub async fn assign_many(
+        &self,
+        request: pb::AssignManyRequest,
+        timeout: Option<Duration>,
+    ) -> Result<(u32, u32), RpcError> {
+        let mut c = self.inner.clone();
+        let response = self
+            .call("AssignMany", timeout, request, |r| async move {
+                c.assign_many(r).await
+            })
+            .await?;
+        Ok((response.assigned, response.created))
+    }
+
+    /// Drops variables; returns how many existed.
+    pub async fn delete_variables(
+        &self,
+        names: Vec<String>,
+        timeout: Option<Duration>,
+    ) -> Result<u32, RpcError> {
+        let mut c = self.inner.clone();
+        let request = pb::DeleteVariablesRequest { names };
+        let response = self
+            .call("DeleteVariables", timeout, request, |r| async move {
+                c.delete_variables(r).await
+            })
+            .await?;
+        Ok(response.deleted)
+    }
+
+    /// Runs one call with an optional deadline and names the method and ps in errors.
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        method: &str,
+        timeout: Option<Duration>,
+        message: Req,
+        send: F,
+    ) -> Result<Resp, RpcError>
+    where
+        F: FnOnce(tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let mut request = tonic::Request::new(message);
+        let context = || format!("{method} on ps {}", self.address);
+        let result = match timeout {
+            None => send(request).await,
+            Some(limit) => {
+                request.set_timeout(limit);
+                if let Ok(result) = tokio::time::timeout(limit, send(request)).await {
+                    result
+                } else {
+                    return Err(RpcError::DeadlineExceeded(format!(
+                        "{} did not answer within {:.3} s",
+                        context(),
+                        limit.as_secs_f64()
+                    )));
+                }
+            }
+        };
+        result
+            .map(tonic::Response::into_inner)
+            .map_err(|status| call_error(status).with_context(&context()))
+    }
+}
+
+/// The error for a failed call. A call whose connection broke before the ps answered
+/// (a `tonic::transport::Error` in the status's source chain: the connection was reset or
+/// closed mid-call, as when the ps is killed) is `UNAVAILABLE`, like a refused connection;
+/// tonic reports it `UNKNOWN`, `INTERNAL` or — when the connection closed under a request
+/// still in flight — `CANCELLED` ("operation was canceled: connection closed"), none of which
+/// would count as a ps failure. A status the ps itself sent has no source and keeps its code.
+fn call_error(status: tonic::Status) -> RpcError {
+    let mut source = std::error::Error::source(&status);
+    let mut transport = false;
+    while let Some(error) = source {
+        transport |= error.is::<tonic::transport::Error>();
+        source = error.source();
+    }
+    let broke = transport
+        && matches!(
+            status.code(),
+            tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+        );
+    let error = RpcError::from(status);
+    if broke {
+        RpcError::Unavailable(error.message().to_owned())
+    } else {
+        error
+    }
+}

@@ -1,0 +1,253 @@
+//! The parameter server: named dense variables served over gRPC (`jaxcluster ps`).
+//!
+//! [`VariableStore`] holds the variables, one lock each, so every update to a variable is
+//! atomic; [`service`] serves it as `jaxcluster.v1.ParameterServer` with the same bearer
+//! token check, size limits and loopback-only default as the worker; [`PsClient`] calls it.
+//! Requests are served entirely on the shared tokio runtime: nothing here knows Python
+//! exists, so a ps process's interpreter is never on the request path.
+
+pub mod client;
+pub mod dtype;
+pub mod service;
+pub mod store;
+pub mod tensor;
+
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::service::interceptor::InterceptedService;
+use tonic::service::Interceptor;
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Status};
+
+pub use client::PsClient;
+pub use dtype::{DType, Op};
+pub use store::{StoreError, VariableStore};
+
+use crate::rpc::auth::{validate_token, AuthCheck, AUTHORIZATION};
+use crate::rpc::limits::{
+    size_status_layer, validate_max_message_bytes, CONNECTION_WINDOW_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES, STREAM_WINDOW_BYTES,
+};
+use crate::rpc::pb;
+use service::{PsService, PsShared, PsStats};
+
+/// Largest HTTP/2 frame each side accepts. Variables travel as single multi-megabyte
+/// messages; with the 16 KiB default a 1 MiB update is 64 frames and as many wake-ups of
+/// the receiving task, which dominates its cost on a busy machine.
+pub const MAX_FRAME_BYTES: u32 = 1024 * 1024;
+
+/// How to start a parameter server.
+#[derive(Debug, Clone)]
+pub struct PsConfig {
+    /// `HOST:PORT` to bind; port 0 picks a free port.
+    pub address: String,
+    /// Token every request must carry; required unless the bound address is loopback.
+    pub auth_token: Option<String>,
+    /// This task's index in the `ps` job, reported by `GetStatus`.
+    pub ps_index: i64,
+    /// Largest request or response, in bytes.
+    pub max_message_bytes: usize,
+    /// Serve TLS with this certificate and key; plaintext when `None`.
+    pub tls: Option<crate::rpc::tls::ServerTls>,
+}
+
+impl Default for PsConfig {
+    fn default() -> Self {
+        Self {
+            address: "127.0.0.1:0".to_owned(),
+            auth_token: None,
+            ps_index: 0,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            tls: None,
+        }
+    }
+}
+
+/// Why a parameter server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PsError {
+    /// A setting is invalid; the message says which and what is expected.
+    #[error("{0}")]
+    Config(String),
+    /// The address could not be resolved or bound.
+    #[error("could not bind ps address {address:?}: {source}")]
+    Bind {
+        /// The address as given.
+        address: String,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+}
+
+/// A process-unique random number (never 0), so clients can tell a restarted ps apart.
+fn new_incarnation() -> u64 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish().max(1)
+}
+
+async fn bind(config: &PsConfig) -> Result<TcpListener, PsError> {
+    let bind_error = |source| PsError::Bind {
+        address: config.address.clone(),
+        source,
+    };
+    let first = tokio::net::lookup_host(&config.address)
+        .await
+        .map_err(bind_error)?
+        .next()
+        .ok_or_else(|| bind_error(std::io::Error::other("the name resolved to no address")))?;
+    if config.auth_token.is_none() && !first.ip().is_loopback() {
+        return Err(PsError::Config(format!(
+            "refusing to bind {:?} ({}) without an auth token: anyone who can reach a \
+             non-loopback address could read and overwrite every variable. Give a token \
+             (--auth-token-file or JAXCLUSTER_AUTH_TOKEN) or bind 127.0.0.1",
+            config.address,
+            first.ip()
+        )));
+    }
+    TcpListener::bind(first).await.map_err(bind_error)
+}
+
+/// The worker's token check ([`AuthCheck`]: same header, same constant-time comparison,
+/// same refusal counter) with refusals worded for a parameter server.
+#[derive(Clone)]
+struct PsAuth(AuthCheck);
+
+impl Interceptor for PsAuth {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let sent_token = request.metadata().contains_key(AUTHORIZATION);
+        self.0.call(request).map_err(|_| {
+            Status::unauthenticated(if sent_token {
+                "the 'authorization' metadata does not carry this ps's token; expected \
+                 'Bearer <token>' with the token the ps was started with (workers use their \
+                 own token, coordinators auth_token= or JAXCLUSTER_AUTH_TOKEN)"
+            } else {
+                "this ps requires a token: send metadata 'authorization: Bearer <token>' \
+                 (workers use their own token, coordinators auth_token= or \
+                 JAXCLUSTER_AUTH_TOKEN)"
+            })
+        })
+    }
+}
+
+/// A running parameter server; dropping it stops serving.
+pub struct PsServer {
+    local_addr: SocketAddr,
+    shared: Arc<PsShared>,
+    stop: Mutex<Option<oneshot::Sender<()>>>,
+    task: Mutex<Option<JoinHandle<Result<(), tonic::transport::Error>>>>,
+}
+
+impl PsServer {
+    /// Binds, then serves on the current tokio runtime until [`PsServer::stop_serving`].
+    pub async fn start(config: PsConfig) -> Result<Self, PsError> {
+        let limit =
+            validate_max_message_bytes(config.max_message_bytes).map_err(PsError::Config)?;
+        if let Some(token) = &config.auth_token {
+            validate_token(token).map_err(PsError::Config)?;
+        }
+        if config.ps_index < 0 {
+            return Err(PsError::Config(format!(
+                "ps index {} is negative; expected 0 or more",
+                config.ps_index
+            )));
+        }
+        let listener = bind(&config).await?;
+        let local_addr = listener.local_addr().map_err(|source| PsError::Bind {
+            address: config.address.clone(),
+            source,
+        })?;
+        let shared = Arc::new(PsShared {
+            ps_index: config.ps_index,
+            incarnation: new_incarnation(),
+            max_message_bytes: limit,
+            store: VariableStore::new(config.ps_index),
+            stats: PsStats::default(),
+            started: Instant::now(),
+        });
+        let service = pb::parameter_server_server::ParameterServerServer::new(PsService::new(
+            Arc::clone(&shared),
+        ))
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(limit);
+        let auth = PsAuth(AuthCheck::new(
+            config.auth_token.as_deref(),
+            Arc::clone(&shared.stats.unauthenticated),
+        ));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let serve = crate::rpc::tls::server_builder(config.tls.as_ref())
+            .map_err(|e| PsError::Config(e.to_string()))?
+            .initial_stream_window_size(STREAM_WINDOW_BYTES)
+            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+            .max_frame_size(MAX_FRAME_BYTES)
+            .layer(size_status_layer::<tonic::body::Body>())
+            .add_service(InterceptedService::new(service, auth))
+            .serve_with_incoming_shutdown(
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                async {
+                    let _ = stopped.await;
+                },
+            );
+        Ok(Self {
+            local_addr,
+            shared,
+            stop: Mutex::new(Some(stop)),
+            task: Mutex::new(Some(tokio::spawn(serve))),
+        })
+    }
+
+    /// The address actually bound (with the real port when 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The `GetStatus` answer right now.
+    pub fn status(&self) -> pb::PsStatusResponse {
+        self.shared.status()
+    }
+
+    /// The variables, for in-process inspection.
+    pub fn store(&self) -> &VariableStore {
+        &self.shared.store
+    }
+
+    /// Closes the listener and returns the serving task, which ends once in-flight RPCs
+    /// have completed; `None` if already stopped.
+    pub fn stop_serving(&self) -> Option<JoinHandle<Result<(), tonic::transport::Error>>> {
+        if let Some(stop) = self
+            .stop
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            let _ = stop.send(());
+        }
+        self.task
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Drop for PsServer {
+    fn drop(&mut self) {
+        if let Some(task) = self.stop_serving() {
+            // Nobody will await it; abort so the port is released promptly.
+            task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

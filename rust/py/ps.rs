@@ -1,0 +1,420 @@
+//! `jaxcluster._core.PsServer` and `PsClient`.
+//!
+//! The server serves entirely on the shared tokio runtime: no request ever takes the GIL,
+//! so a `jaxcluster ps` process's interpreter only waits for SIGTERM. The client converts
+//! numpy values with the GIL held, then waits for the RPC with it released (see
+//! `client::wait_for`), so many Python threads can update variables at once.
+
+mod arrays;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use super::client::{duration, rpc_error, wait_for};
+use crate::ps::{Op, PsClient, PsConfig, PsError, PsServer};
+use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::rpc::{pb, ClientConfig};
+use crate::runtime::runtime;
+use arrays::{check_name, missing, to_array, to_indices, to_tensor};
+
+/// How long `shutdown` lets in-flight RPCs complete after closing the listener.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+fn runtime_or_err() -> PyResult<&'static tokio::runtime::Runtime> {
+    runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))
+}
+
+fn ps_error(error: PsError) -> PyErr {
+    match error {
+        PsError::Config(message) => PyValueError::new_err(message),
+        PsError::Bind { .. } => PyOSError::new_err(error.to_string()),
+    }
+}
+
+fn status_dict<'py>(py: Python<'py>, s: &pb::PsStatusResponse) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("ps_index", s.ps_index)?;
+    d.set_item("jaxcluster_version", &s.jaxcluster_version)?;
+    d.set_item("protocol_revision", s.protocol_revision)?;
+    d.set_item("incarnation", s.incarnation)?;
+    d.set_item("variables", s.variables)?;
+    d.set_item("variable_bytes", s.variable_bytes)?;
+    d.set_item("reads", s.reads)?;
+    d.set_item("updates", s.updates)?;
+    d.set_item("variables_created", s.variables_created)?;
+    d.set_item("unauthenticated_requests", s.unauthenticated_requests)?;
+    d.set_item("rejected_requests", s.rejected_requests)?;
+    d.set_item("pid", s.pid)?;
+    d.set_item("uptime_seconds", s.uptime_seconds)?;
+    Ok(d)
+}
+
+/// A parameter server (see `_core.pyi` for the Python-facing docs).
+#[pyclass(module = "jaxcluster._core", name = "PsServer", frozen)]
+pub struct PyPsServer {
+    inner: Arc<PsServer>,
+}
+
+#[pymethods]
+impl PyPsServer {
+    #[new]
+    #[pyo3(signature = (address="127.0.0.1:0", *, auth_token=None, index=0,
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_cert=None, tls_key=None))]
+    fn new(
+        py: Python<'_>,
+        address: &str,
+        auth_token: Option<String>,
+        index: i64,
+        max_message_bytes: usize,
+        tls_cert: Option<Vec<u8>>,
+        tls_key: Option<Vec<u8>>,
+    ) -> PyResult<Self> {
+        let tls = crate::rpc::tls::server_tls(tls_cert, tls_key).map_err(PyValueError::new_err)?;
+        let config = PsConfig {
+            tls,
+            address: address.to_owned(),
+            auth_token,
+            ps_index: index,
+            max_message_bytes,
+        };
+        let rt = runtime_or_err()?;
+        let server = py
+            .detach(|| rt.block_on(PsServer::start(config)))
+            .map_err(ps_error)?;
+        Ok(Self {
+            inner: Arc::new(server),
+        })
+    }
+
+    #[getter]
+    fn address(&self) -> String {
+        self.inner.local_addr().to_string()
+    }
+
+    #[getter]
+    fn port(&self) -> u16 {
+        self.inner.local_addr().port()
+    }
+
+    #[getter]
+    fn index(&self) -> i64 {
+        self.inner.status().ps_index
+    }
+
+    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        status_dict(py, &self.inner.status())
+    }
+
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        let Some(task) = self.inner.stop_serving() else {
+            return Ok(());
+        };
+        let rt = runtime_or_err()?;
+        let abort = task.abort_handle();
+        let finished =
+            py.detach(|| rt.block_on(async { tokio::time::timeout(STOP_GRACE, task).await }));
+        match finished {
+            Ok(Ok(Err(e))) => Err(PyRuntimeError::new_err(format!(
+                "the ps's gRPC server failed: {e}"
+            ))),
+            // Stopped cleanly, or aborted/panicked: the server is gone either way.
+            Ok(Ok(Ok(())) | Err(_)) => Ok(()),
+            Err(_elapsed) => {
+                abort.abort();
+                Ok(())
+            }
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("PsServer(address={:?})", self.address())
+    }
+}
+
+/// Blocking client for one ps task (see `_core.pyi`).
+#[pyclass(module = "jaxcluster._core", name = "PsClient", frozen)]
+pub struct PyPsClient {
+    inner: PsClient,
+    timeout: Option<Duration>,
+}
+
+impl PyPsClient {
+    fn timeout(&self, timeout: Option<f64>) -> PyResult<Option<Duration>> {
+        Ok(duration(timeout, "timeout")?.or(self.timeout))
+    }
+
+    /// The reply of an update: the new version, or the value after it when asked.
+    fn updated<'py>(
+        py: Python<'py>,
+        response: &pb::UpdateResponse,
+        read_value: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if !read_value {
+            return Ok(response.version.into_pyobject(py)?.into_any());
+        }
+        let value = response
+            .value
+            .as_ref()
+            .ok_or_else(|| missing(py, "the updated value"))?;
+        to_array(py, value)
+    }
+
+    fn update<'py>(
+        &self,
+        py: Python<'py>,
+        op: Op,
+        name: String,
+        value: &Bound<'py, PyAny>,
+        read_value: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        check_name(&name)?;
+        let what = format!("the value for {} to {name:?}", op.verb());
+        let request = pb::UpdateRequest {
+            value: Some(to_tensor(value, &what)?),
+            name,
+            read_value,
+        };
+        let timeout = self.timeout(timeout)?;
+        let response = wait_for(py, self.inner.update(op, request, timeout))?;
+        Self::updated(py, &response, read_value)
+    }
+}
+
+#[pymethods]
+impl PyPsClient {
+    #[new]
+    #[pyo3(signature = (address, auth_token=None, timeout=Some(30.0), *, connect_timeout=10.0,
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_ca=None, tls_domain=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        address: String,
+        auth_token: Option<String>,
+        timeout: Option<f64>,
+        connect_timeout: f64,
+        max_message_bytes: usize,
+        tls_ca: Option<Vec<u8>>,
+        tls_domain: Option<String>,
+    ) -> PyResult<Self> {
+        let mut config = ClientConfig::new(address);
+        config.tls =
+            crate::rpc::tls::client_tls(tls_ca, tls_domain).map_err(PyValueError::new_err)?;
+        config.auth_token = auth_token;
+        config.max_message_bytes = max_message_bytes;
+        config.connect_timeout =
+            duration(Some(connect_timeout), "connect_timeout")?.unwrap_or_default();
+        let timeout = duration(timeout, "timeout")?;
+        let _guard = runtime_or_err()?.enter();
+        let inner = PsClient::connect_lazy(&config).map_err(|e| rpc_error(py, &e))?;
+        Ok(Self { inner, timeout })
+    }
+
+    #[getter]
+    fn address(&self) -> &str {
+        self.inner.address()
+    }
+
+    #[pyo3(signature = (*, timeout=None))]
+    fn get_status<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let timeout = self.timeout(timeout)?;
+        let status = wait_for(py, self.inner.get_status(timeout))?;
+        status_dict(py, &status)
+    }
+
+    #[pyo3(signature = (name, initial_value, *, replace=false, timeout=None))]
+    fn create_variable(
+        &self,
+        py: Python<'_>,
+        name: String,
+        initial_value: &Bound<'_, PyAny>,
+        replace: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<bool> {
+        check_name(&name)?;
+        let what = format!("the initial value of {name:?}");
+        let request = pb::CreateVariableRequest {
+            initial_value: Some(to_tensor(initial_value, &what)?),
+            name,
+            replace,
+        };
+        let timeout = self.timeout(timeout)?;
+        wait_for(py, self.inner.create_variable(request, timeout))
+    }
+
+    #[pyo3(signature = (name, *, timeout=None))]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        Ok(self.read_versioned(py, name, timeout)?.0)
+    }
+
+    #[pyo3(signature = (name, *, timeout=None))]
+    fn read_versioned<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        timeout: Option<f64>,
+    ) -> PyResult<(Bound<'py, PyAny>, u64)> {
+        check_name(&name)?;
+        let timeout = self.timeout(timeout)?;
+        let response = wait_for(py, self.inner.read(name, timeout))?;
+        let value = response
+            .value
+            .as_ref()
+            .ok_or_else(|| missing(py, "the variable's value"))?;
+        Ok((to_array(py, value)?, response.version))
+    }
+
+    #[pyo3(signature = (name, value, *, read_value=false, timeout=None))]
+    fn assign<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        value: &Bound<'py, PyAny>,
+        read_value: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.update(py, Op::Assign, name, value, read_value, timeout)
+    }
+
+    #[pyo3(signature = (name, delta, *, read_value=false, timeout=None))]
+    fn assign_add<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        delta: &Bound<'py, PyAny>,
+        read_value: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.update(py, Op::Add, name, delta, read_value, timeout)
+    }
+
+    #[pyo3(signature = (name, delta, *, read_value=false, timeout=None))]
+    fn assign_sub<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        delta: &Bound<'py, PyAny>,
+        read_value: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.update(py, Op::Sub, name, delta, read_value, timeout)
+    }
+
+    #[pyo3(signature = (name, indices, updates, *, read_value=false, timeout=None))]
+    fn scatter_add<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        indices: &Bound<'py, PyAny>,
+        updates: &Bound<'py, PyAny>,
+        read_value: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        check_name(&name)?;
+        let what = format!("the updates for scatter_add to {name:?}");
+        let request = pb::ScatterAddRequest {
+            indices: to_indices(indices)?,
+            updates: Some(to_tensor(updates, &what)?),
+            name,
+            read_value,
+        };
+        let timeout = self.timeout(timeout)?;
+        let response = wait_for(py, self.inner.scatter_add(request, timeout))?;
+        Self::updated(py, &response, read_value)
+    }
+
+    #[pyo3(signature = (*, timeout=None))]
+    fn list_variables<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let timeout = self.timeout(timeout)?;
+        let variables = wait_for(py, self.inner.list_variables(timeout))?;
+        let list = PyList::empty(py);
+        for v in variables {
+            let d = PyDict::new(py);
+            let dtype = crate::ps::DType::from_pb(v.dtype).map_or("unknown", |d| d.name());
+            d.set_item("name", &v.name)?;
+            d.set_item("dtype", dtype)?;
+            d.set_item("shape", PyTuple::new(py, &v.shape)?)?;
+            d.set_item("version", v.version)?;
+            list.append(d)?;
+        }
+        Ok(list)
+    }
+
+    #[pyo3(signature = (names=None, *, timeout=None))]
+    fn read_many<'py>(
+        &self,
+        py: Python<'py>,
+        names: Option<Vec<String>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let timeout = self.timeout(timeout)?;
+        let items = wait_for(py, self.inner.read_many(names.unwrap_or_default(), timeout))?;
+        let out = PyDict::new(py);
+        for item in &items {
+            let value = item
+                .value
+                .as_ref()
+                .ok_or_else(|| missing(py, "a variable's value"))?;
+            out.set_item(&item.name, to_array(py, value)?)?;
+        }
+        Ok(out)
+    }
+
+    #[pyo3(signature = (values, *, create_missing=false, timeout=None))]
+    fn assign_many(
+        &self,
+        py: Python<'_>,
+        values: Vec<(String, Bound<'_, PyAny>)>,
+        create_missing: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<(u32, u32)> {
+        let mut variables = Vec::with_capacity(values.len());
+        for (name, value) in values {
+            check_name(&name)?;
+            let what = format!("the value for {name:?}");
+            variables.push(pb::NamedTensor {
+                value: Some(to_tensor(&value, &what)?),
+                name,
+                version: 0,
+            });
+        }
+        let request = pb::AssignManyRequest {
+            variables,
+            create_missing,
+        };
+        let timeout = self.timeout(timeout)?;
+        wait_for(py, self.inner.assign_many(request, timeout))
+    }
+
+    #[pyo3(signature = (names, *, timeout=None))]
+    fn delete_variables(
+        &self,
+        py: Python<'_>,
+        names: Vec<String>,
+        timeout: Option<f64>,
+    ) -> PyResult<u32> {
+        let timeout = self.timeout(timeout)?;
+        wait_for(py, self.inner.delete_variables(names, timeout))
+    }
+
+    fn __repr__(&self) -> String {
+        format!("PsClient({:?})", self.inner.address())
+    }
+}

@@ -1,0 +1,292 @@
+"""Optional TLS (SPEC §7): workers and ps tasks serve with --tls-cert/--tls-key, clients
+verify them against tls_ca; plaintext or a foreign CA fails before anything runs."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import ipaddress
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+import numpy as np
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from jaxcluster import ClusterSpec
+from jaxcluster._native import core
+from jaxcluster.cluster_resolver import SimpleClusterResolver
+from jaxcluster.coordinator import ClusterCoordinator
+from jaxcluster.strategy import ParameterServerStrategy, ParameterServerVariable
+from support.workers import WorkerProc, running_worker
+
+# Closures defined here travel by value: workers cannot import this test module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+TOKEN = "test-token"
+DEADLINE = 120.0
+
+
+@dataclass
+class Pki:
+    ca: Path
+    cert: Path
+    key: Path
+    other_ca: Path
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(common_name))
+        .issuer_name(_name(common_name))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return key, cert
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """A CA, a server certificate it signed for 127.0.0.1/localhost, and an unrelated CA."""
+    root = tmp_path_factory.mktemp("pki")
+    ca_key, ca_cert = _ca("jaxcluster test CA")
+    _, other_cert = _ca("some other CA")
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("localhost"))
+        .issuer_name(ca_cert.subject)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    paths = Pki(root / "ca.pem", root / "server.pem", root / "server.key", root / "other.pem")
+    paths.ca.write_bytes(_pem(ca_cert))
+    paths.other_ca.write_bytes(_pem(other_cert))
+    paths.cert.write_bytes(_pem(server_cert))
+    paths.key.write_bytes(
+        server_key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
+@pytest.fixture(scope="module")
+def tls_worker(pki: Pki) -> Iterator[WorkerProc]:
+    args = ["--tls-cert", str(pki.cert), "--tls-key", str(pki.key)]
+    # Closures on this worker reach TLS parameter servers with the CA from its environment.
+    with running_worker(args, token=TOKEN, env={"JAXCLUSTER_TLS_CA": str(pki.ca)}) as worker:
+        yield worker
+
+
+def test_a_tls_worker_serves_get_status_to_a_client_with_its_ca(
+    tls_worker: WorkerProc, pki: Pki
+) -> None:
+    client = core.WorkerClient(tls_worker.address, auth_token=TOKEN, tls_ca=pki.ca.read_bytes())
+    status = client.get_status()
+    assert status["worker_index"] == 0
+    assert status["state"] == "serving"
+    # Verified by name instead of the address's IP: the certificate also names localhost.
+    by_name = core.WorkerClient(
+        tls_worker.address, auth_token=TOKEN, tls_ca=pki.ca.read_bytes(), tls_domain="localhost"
+    )
+    assert by_name.get_status()["pid"] == status["pid"]
+
+
+def _registered(worker: WorkerProc, pki: Pki) -> int:
+    client = core.WorkerClient(worker.address, auth_token=TOKEN, tls_ca=pki.ca.read_bytes())
+    return int(client.get_status()["functions_registered"])
+
+
+@pytest.mark.parametrize("ca", ["none", "other"])
+def test_a_plaintext_or_foreign_ca_client_fails_and_nothing_runs(
+    tls_worker: WorkerProc, pki: Pki, ca: str
+) -> None:
+    before = _registered(tls_worker, pki)
+    tls_ca = None if ca == "none" else pki.other_ca.read_bytes()
+    client = core.WorkerClient(
+        tls_worker.address, auth_token=TOKEN, tls_ca=tls_ca, connect_timeout=5.0, timeout=10.0
+    )
+    payload = b"\x80\x05K\x01."
+    with pytest.raises(Exception) as caught:
+        client.register_function(hashlib.sha256(payload).digest(), "cloudpickle", payload)
+    message = str(caught.value)
+    assert tls_worker.address in message, message
+    if ca == "other":
+        # rustls says why the handshake failed: the certificate's issuer is not trusted.
+        assert "certificate" in message.lower(), message
+    assert _registered(tls_worker, pki) == before
+
+
+def test_a_coordinator_with_tls_ca_schedules_and_fetches(tls_worker: WorkerProc, pki: Pki) -> None:
+    resolver = SimpleClusterResolver(ClusterSpec({"worker": [tls_worker.address]}))
+    with ClusterCoordinator(resolver, auth_token=TOKEN, tls_ca=str(pki.ca)) as coordinator:
+        values = [coordinator.schedule(lambda x: x * x, args=(i,)) for i in range(4)]
+        assert coordinator.join(timeout=DEADLINE)
+        assert coordinator.fetch(values) == [0, 1, 4, 9]
+
+
+def add_ones(total: ParameterServerVariable) -> Any:
+    total.assign_add(np.ones(3, np.float32))
+    return total.read_value()
+
+
+def test_a_tls_ps_serves_variables_to_the_strategy_and_to_workers(
+    tls_worker: WorkerProc, pki: Pki
+) -> None:
+    ps = core.PsServer(
+        "127.0.0.1:0",
+        auth_token=TOKEN,
+        tls_cert=pki.cert.read_bytes(),
+        tls_key=pki.key.read_bytes(),
+    )
+    try:
+        spec = ClusterSpec({"worker": [tls_worker.address], "ps": [ps.address]})
+        strategy = ParameterServerStrategy(
+            SimpleClusterResolver(spec), auth_token=TOKEN, tls_ca=pki.ca.read_bytes()
+        )
+        assert strategy.tls_ca == pki.ca.read_bytes()
+        with strategy.scope():
+            total = strategy.Variable(np.zeros(3, np.float32), name="total")
+        with ClusterCoordinator(strategy=strategy) as coordinator:
+            added = coordinator.schedule(add_ones, args=(total,))
+            np.testing.assert_array_equal(added.fetch(timeout=DEADLINE), np.ones(3))
+        np.testing.assert_array_equal(total.read_value(), np.ones(3, np.float32))
+        plain = core.PsClient(ps.address, auth_token=TOKEN, connect_timeout=5.0, timeout=10.0)
+        with pytest.raises(Exception, match=ps.address.replace(".", r"\.")):
+            plain.read("total")
+    finally:
+        ps.shutdown()
+
+
+@pytest.mark.parametrize("job", ["worker", "ps"])
+@pytest.mark.parametrize("given", ["--tls-cert", "--tls-key"])
+def test_one_tls_flag_without_the_other_exits_2_naming_both(pki: Pki, job: str, given: str) -> None:
+    path = pki.cert if given == "--tls-cert" else pki.key
+    done = subprocess.run(
+        [sys.executable, "-m", f"jaxcluster.{job}", given, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--tls-cert" in done.stderr and "--tls-key" in done.stderr, done.stderr
+    assert done.stdout == ""
+
+
+def test_a_key_given_as_the_certificate_is_refused_naming_the_files(pki: Pki) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxcluster.ps",
+            "--tls-cert",
+            str(pki.key),
+            "--tls-key",
+            str(pki.key),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "tls_cert is not a usable PEM file" in done.stderr, done.stderr
+    assert str(pki.key) in done.stderr and "CERTIFICATE" in done.stderr, done.stderr
+
+
+def test_tls_still_needs_a_token_off_loopback(pki: Pki) -> None:
+    with pytest.raises(ValueError, match="token"):
+        core.WorkerServer("0.0.0.0:0", tls_cert=pki.cert.read_bytes(), tls_key=pki.key.read_bytes())
+
+
+def test_bad_client_tls_settings_are_refused(pki: Pki) -> None:
+    with pytest.raises(ValueError, match="tls_domain"):
+        core.WorkerClient("127.0.0.1:1", tls_domain="localhost")
+    with pytest.raises(ValueError, match="tls_ca"):
+        core.PsClient("127.0.0.1:1", tls_ca=pki.key.read_bytes())
+    with pytest.raises(ValueError, match="cannot read tls_ca file"):
+        ClusterCoordinator(
+            SimpleClusterResolver(ClusterSpec({"worker": ["127.0.0.1:1"]})),
+            tls_ca=str(pki.ca) + ".missing",
+        )
+
+
+def test_a_key_that_does_not_match_the_certificate_is_refused(pki: Pki, tmp_path: Path) -> None:
+    stranger = tmp_path / "stranger.key"
+    stranger.write_bytes(
+        ec.generate_private_key(ec.SECP256R1()).private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "jaxcluster.worker",
+            "--tls-cert",
+            str(pki.cert),
+            "--tls-key",
+            str(stranger),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "does the key belong to the certificate?" in done.stderr, done.stderr
+    assert str(stranger) in done.stderr, done.stderr
