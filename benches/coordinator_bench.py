@@ -2,12 +2,15 @@
 
 Two local workers; trivial closures (no arguments, return ``None``) and small-array closures
 (a 64-float array in, doubled out). For each: closures/s with one closure in flight (and
-the schedule -> fetch latency percentiles), and closures/s with many in flight. The
+the schedule -> fetch latency percentiles), and closures/s with many in flight; for
+trivial closures also the rate sustained over several seconds of continuous scheduling
+(the figure the 20,000/s target is checked against). The
 baseline is TF's coordinator design in pure Python over plain grpcio
 (``grpc_baseline.py``), driven the same way.
 
     python benches/coordinator_bench.py            # build with `maturin develop --release`
     python benches/coordinator_bench.py --quick
+    python benches/coordinator_bench.py --sustain 30  # longer steady-state run
     python benches/coordinator_bench.py --profile  # cProfile of the many-in-flight run
 
 Targets: >= 20,000 trivial closures/s sustained, p50 <= 300 us, p99 <= 2 ms, and >= 5x the
@@ -82,6 +85,31 @@ def many_in_flight(
     return {"rate": n / elapsed, "schedule_rate": n / (scheduled - started)}
 
 
+def sustained(
+    schedule: Callable[..., Any],
+    join: Callable[[], Any],
+    fn: Any,
+    args: tuple[Any, ...],
+    seconds: float,
+) -> dict:
+    """Schedule without pause for ``seconds``, then join: the rate the whole path sustains.
+
+    RemoteValues are dropped as soon as they are made, as a long training loop would, so the
+    run measures steady state (queue full, every worker busy) rather than a burst into an
+    empty queue.
+    """
+    schedule(fn, args).fetch()
+    count = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(500):
+            schedule(fn, args)
+        count += 500
+    join()
+    return {"rate": count / (time.perf_counter() - started), "count": count}
+
+
 def run_jaxcluster(sizes: dict[str, int], profile: bool) -> dict[str, dict]:
     from jaxcluster import LocalCluster
 
@@ -102,6 +130,10 @@ def run_jaxcluster(sizes: dict[str, int], profile: bool) -> dict[str, dict]:
                 pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(15)
             latency = coordinator.metrics()["latency"]
             results[name] = {"single": single, "many": many, "latency": latency}
+            if name == "trivial" and sizes["sustain_s"]:
+                results[name]["sustained"] = sustained(
+                    schedule, coordinator.join, fn, args, sizes["sustain_s"]
+                )
     return results
 
 
@@ -113,6 +145,10 @@ def run_baseline(sizes: dict[str, int]) -> dict[str, dict]:
             single = one_in_flight(coordinator.schedule, fn, args, sizes["single"])
             many = many_in_flight(coordinator.schedule, coordinator.join, fn, args, sizes["many"])
             results[name] = {"single": single, "many": many}
+            if name == "trivial" and sizes["sustain_s"]:
+                results[name]["sustained"] = sustained(
+                    coordinator.schedule, coordinator.join, fn, args, sizes["sustain_s"]
+                )
     return results
 
 
@@ -125,16 +161,25 @@ def report(ours: dict[str, dict], base: dict[str, dict]) -> None:
             ("p50 latency us", ours[name]["single"]["p50_us"], base[name]["single"]["p50_us"]),
             ("p99 latency us", ours[name]["single"]["p99_us"], base[name]["single"]["p99_us"]),
         ]
+        if "sustained" in ours[name] and "sustained" in base[name]:
+            rows.insert(
+                2,
+                ("sustained/s", ours[name]["sustained"]["rate"], base[name]["sustained"]["rate"]),
+            )
         for mode, a, b in rows:
             ratio = a / b if "/s" in mode else b / a
             print(f"{name:<12} {mode:<16} {a:>14,.0f} {b:>14,.0f} {ratio:>7.1f}x")
         print(f"{name:<12} {'schedule()/s':<16} {ours[name]['many']['schedule_rate']:>14,.0f}")
     trivial = ours["trivial"]
+    steady = trivial.get("sustained", trivial["many"])["rate"]
     checks = [
-        (">= 20,000 trivial closures/s", trivial["many"]["rate"] >= 20_000),
+        (">= 20,000 trivial closures/s", steady >= 20_000),
         ("p50 <= 300 us", trivial["single"]["p50_us"] <= 300),
         ("p99 <= 2 ms", trivial["single"]["p99_us"] <= 2000),
-        (">= 5x baseline", trivial["many"]["rate"] >= 5 * base["trivial"]["many"]["rate"]),
+        (
+            ">= 5x baseline",
+            steady >= 5 * base["trivial"].get("sustained", base["trivial"]["many"])["rate"],
+        ),
     ]
     for label, ok in checks:
         print(f"target {label:<30} {'met' if ok else 'MISSED'}")
@@ -145,11 +190,20 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer closures per run")
     parser.add_argument("--profile", action="store_true", help="cProfile the coordinator side")
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--sustain",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="length of the sustained trivial-closure run (0 to skip)",
+    )
     args = parser.parse_args()
-    sizes = {"single": 2000, "many": 40_000}
-    base_sizes = {"single": 2000, "many": 10_000}
+    sustain_s = 0.0 if args.quick else args.sustain
+    sizes = {"single": 2000, "many": 40_000, "sustain_s": sustain_s}
+    base_sizes = {"single": 2000, "many": 10_000, "sustain_s": sustain_s}
     if args.quick:
-        sizes, base_sizes = {"single": 500, "many": 5000}, {"single": 500, "many": 2000}
+        sizes = {"single": 500, "many": 5000, "sustain_s": 0.0}
+        base_sizes = {"single": 500, "many": 2000, "sustain_s": 0.0}
     ours = run_jaxcluster(sizes, args.profile)
     if args.skip_baseline:
         for name, result in ours.items():
