@@ -25,6 +25,7 @@ from jaxcluster import ClusterSpec
 from jaxcluster._native import core
 from jaxcluster.cluster_resolver import SimpleClusterResolver
 from jaxcluster.coordinator import ClusterCoordinator
+from jaxcluster.errors import UnavailableError
 from jaxcluster.strategy import ParameterServerStrategy, ParameterServerVariable
 from support.workers import WorkerProc, running_worker
 
@@ -165,6 +166,9 @@ def test_a_plaintext_or_foreign_ca_client_fails_and_nothing_runs(
     if ca == "other":
         # rustls says why the handshake failed: the certificate's issuer is not trusted.
         assert "certificate" in message.lower(), message
+    else:
+        # The raw h2 error ("frame with invalid size") names neither TLS nor the fix.
+        assert "may be serving TLS" in message and "tls_ca=" in message, message
     assert _registered(tls_worker, pki) == before
 
 
@@ -174,6 +178,23 @@ def test_a_coordinator_with_tls_ca_schedules_and_fetches(tls_worker: WorkerProc,
         values = [coordinator.schedule(lambda x: x * x, args=(i,)) for i in range(4)]
         assert coordinator.join(timeout=DEADLINE)
         assert coordinator.fetch(values) == [0, 1, 4, 9]
+
+
+def test_a_plaintext_coordinator_gives_up_on_a_tls_worker_saying_why(
+    tls_worker: WorkerProc, pki: Pki, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAXCLUSTER_WORKER_RECOVERY_SEC", "2")
+    before = _registered(tls_worker, pki)
+    resolver = SimpleClusterResolver(ClusterSpec({"worker": [tls_worker.address]}))
+    with ClusterCoordinator(resolver, auth_token=TOKEN) as coordinator:
+        value = coordinator.schedule(lambda: 1)
+        with pytest.raises(UnavailableError) as caught:
+            value.fetch(timeout=DEADLINE)
+    message = str(caught.value)
+    # The closure's error carries the worker's last failure, not only "given up".
+    assert "given up" in message and tls_worker.address in message, message
+    assert "may be serving TLS" in message, message
+    assert _registered(tls_worker, pki) == before
 
 
 def add_ones(total: ParameterServerVariable) -> Any:

@@ -115,9 +115,14 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     fn give_up(&mut self, bound: Duration) {
+        // The last failure is what the user must fix (a wrong address, a TLS mismatch, a
+        // crashed worker); keep it in the reason every failed closure will carry.
+        let last = self.shared.links[self.index]
+            .last_error()
+            .map_or_else(String::new, |error| format!("; last error: {error}"));
         let reason = format!(
             "gave up on worker {} after it did not answer for {bound:?} \
-             (JAXCLUSTER_WORKER_RECOVERY_SEC / recovery_timeout)",
+             (JAXCLUSTER_WORKER_RECOVERY_SEC / recovery_timeout){last}",
             self.address(),
         );
         self.shared.links[self.index].set(LinkState::GivenUp, Some(reason));
@@ -140,12 +145,19 @@ impl<T: WorkerTransport> Link<T> {
         while let Some(work) = self.shared.queue.get(Some(self.tag()), None) {
             match work {
                 Work::Closure(closure) => {
+                    // This link's reason says how long it waited and what went wrong last.
+                    let reason = self.shared.links[self.index]
+                        .last_error()
+                        .unwrap_or_else(|| {
+                            format!(
+                                "no answer for {:?} (JAXCLUSTER_WORKER_RECOVERY_SEC / \
+                             recovery_timeout)",
+                                self.shared.config.recovery_timeout
+                            )
+                        });
                     let message = format!(
-                        "closure {} could not run: all {links} workers were given up after not \
-                         answering for {:?} (JAXCLUSTER_WORKER_RECOVERY_SEC / \
-                         recovery_timeout)",
+                        "closure {} could not run: all {links} workers were given up; {reason}",
                         closure.id(),
-                        self.shared.config.recovery_timeout
                     );
                     let failure =
                         ClosureFailure::infra(tonic::Code::Unavailable, message, self.address());

@@ -112,6 +112,10 @@ impl LinkStatus {
         self.lock().last_error = Some(error);
     }
 
+    pub fn last_error(&self) -> Option<String> {
+        self.lock().last_error.clone()
+    }
+
     pub fn record_status(&self, status: pb::GetStatusResponse) {
         self.lock().status = Some(status);
     }

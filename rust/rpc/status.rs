@@ -132,7 +132,29 @@ impl From<Status> for RpcError {
         if !causes.is_empty() {
             message = format!("{message} ({})", causes.join(": "));
         }
+        if let Some(hint) = tls_mismatch_hint(&message) {
+            message = format!("{message}; {hint}");
+        }
         Self::from_code(status.code(), message)
+    }
+}
+
+/// Recognises the two ways a TLS/plaintext mismatch surfaces, whose raw text names neither:
+/// a plaintext client reads the server's TLS alert as an HTTP/2 frame of impossible size,
+/// and a TLS client's rustls sees an HTTP/2 preface where a TLS record should be.
+fn tls_mismatch_hint(message: &str) -> Option<&'static str> {
+    if message.contains("frame with invalid size") {
+        Some(
+            "the peer may be serving TLS: connect with tls_ca= (or set JAXCLUSTER_TLS_CA) \
+             naming the CA that signed its certificate",
+        )
+    } else if message.contains("InvalidContentType") {
+        Some(
+            "the peer may be serving plaintext: connect without tls_ca= (and without \
+             JAXCLUSTER_TLS_CA), or start it with --tls-cert/--tls-key",
+        )
+    } else {
+        None
     }
 }
 
@@ -185,6 +207,27 @@ mod tests {
         ));
         let empty = RpcError::from(Status::internal(""));
         assert!(empty.message().contains("no message"), "{empty}");
+    }
+
+    #[test]
+    fn a_tls_mismatch_says_which_side_to_change() {
+        let plaintext_client = RpcError::from(Status::internal(
+            "h2 protocol error: connection error detected: frame with invalid size",
+        ));
+        assert!(
+            plaintext_client.message().contains("may be serving TLS"),
+            "{plaintext_client}"
+        );
+        assert!(plaintext_client.message().contains("tls_ca="));
+        let tls_client = RpcError::from(Status::unavailable(
+            "received corrupt message of type InvalidContentType",
+        ));
+        assert!(
+            tls_client.message().contains("may be serving plaintext"),
+            "{tls_client}"
+        );
+        let unrelated = RpcError::from(Status::unavailable("connection refused"));
+        assert!(!unrelated.message().contains("TLS"), "{unrelated}");
     }
 
     #[test]

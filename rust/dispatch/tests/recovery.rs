@@ -142,6 +142,13 @@ fn a_dispatcher_made_while_workers_are_down_gives_up_and_fails_the_rest() {
         error.message.contains("all 2 workers were given up"),
         "{error}"
     );
+    // The failure names the bound and what the worker last did wrong, so the user knows
+    // what to fix.
+    assert!(
+        error.message.contains("JAXCLUSTER_WORKER_RECOVERY_SEC")
+            && error.message.contains("; last error: "),
+        "{error}"
+    );
     assert!(dispatcher
         .worker_statuses()
         .iter()
