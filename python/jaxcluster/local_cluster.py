@@ -107,6 +107,29 @@ class _WorkerProcess:
             )
         return address
 
+    def wait_serving(self, client: Any, deadline: float) -> dict[str, Any]:
+        """``client.get_status()`` once the process answers it (a worker or ps client for
+        this process's address), checked to come from this process's index."""
+        while True:
+            try:
+                status: dict[str, Any] = client.get_status(
+                    timeout=max(0.1, deadline - time.monotonic())
+                )
+                break
+            except errors.UnavailableError:
+                if time.monotonic() >= deadline or not self.alive():
+                    raise
+                # Wait a moment before retrying; returns early if the process exits.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self.popen.wait(timeout=0.05)
+        field = f"{self.role}_index"
+        if status[field] != self.index:
+            raise RuntimeError(
+                f"the process at {client.address} reports {field} {status[field]}, expected "
+                f"{self.index}; another process may have taken the port"
+            )
+        return status
+
     def output_tail(self) -> str:
         return "\n".join(self.tail) or "(nothing)"
 
@@ -217,22 +240,9 @@ class LocalCluster:
         self._addresses[index] = address
         from jaxcluster._native import core
 
-        client = core.WorkerClient(address, auth_token=self._token, timeout=5.0)
-        while True:
-            try:
-                status = client.get_status(timeout=max(0.1, deadline - time.monotonic()))
-                break
-            except errors.UnavailableError:
-                if time.monotonic() >= deadline or not process.alive():
-                    raise
-                # Wait a moment before retrying; returns early if the process exits.
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.popen.wait(timeout=0.05)
-        if status["worker_index"] != index:
-            raise RuntimeError(
-                f"the process at {address} reports worker_index {status['worker_index']}, "
-                f"expected {index}; another process may have taken the port"
-            )
+        process.wait_serving(
+            core.WorkerClient(address, auth_token=self._token, timeout=5.0), deadline
+        )
 
     @property
     def addresses(self) -> list[str]:

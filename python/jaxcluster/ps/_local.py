@@ -3,14 +3,11 @@ processes on 127.0.0.1, started, watched and stopped like its workers."""
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 import time
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from jaxcluster import errors
 from jaxcluster.local_cluster import _stop_all, _WorkerProcess
 
 __all__ = ["PsTasks"]
@@ -54,22 +51,7 @@ class PsTasks:
         self._addresses[index] = address
         from jaxcluster._native import core
 
-        client = core.PsClient(address, auth_token=self._token, timeout=5.0)
-        while True:
-            try:
-                status = client.get_status(timeout=max(0.1, deadline - time.monotonic()))
-                break
-            except errors.UnavailableError:
-                if time.monotonic() >= deadline or not process.alive():
-                    raise
-                # Wait a moment before retrying; returns early if the process exits.
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.popen.wait(timeout=0.05)
-        if status["ps_index"] != index:
-            raise RuntimeError(
-                f"the process at {address} reports ps_index {status['ps_index']}, expected "
-                f"{index}; another process may have taken the port"
-            )
+        process.wait_serving(core.PsClient(address, auth_token=self._token, timeout=5.0), deadline)
 
     def start_all(self, timeout: float) -> None:
         for i in range(self.count):
