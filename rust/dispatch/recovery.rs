@@ -119,7 +119,10 @@ impl<T: WorkerTransport> Link<T> {
         // crashed worker); keep it in the reason every failed closure will carry.
         let last = self.shared.links[self.index]
             .last_error()
-            .map_or_else(String::new, |error| format!("; last error: {error}"));
+            .map_or_else(String::new, |error| match hang_up_hint(&error) {
+                Some(hint) => format!("; last error: {error}; {hint}"),
+                None => format!("; last error: {error}"),
+            });
         let reason = format!(
             "gave up on worker {} after it did not answer for {bound:?} \
              (JAXCLUSTER_WORKER_RECOVERY_SEC / recovery_timeout){last}",
@@ -211,6 +214,26 @@ impl<T: WorkerTransport> Link<T> {
 }
 
 /// Whether an RPC error is a definite answer from a live worker (so it is reachable).
+/// A port that accepts connections and then hangs up on every probe for the whole
+/// recovery bound is not a crashed worker (that refuses connections): it is most often a
+/// TLS/plaintext mismatch, whose raw error ("broken pipe", "connection reset", "connection closed") depends on
+/// which side noticed first and names neither TLS nor the fix.
+fn hang_up_hint(error: &str) -> Option<&'static str> {
+    let hung_up = [
+        "broken pipe",
+        "connection reset",
+        "reset by peer",
+        "connection closed",
+    ]
+    .iter()
+    .any(|sign| error.contains(sign));
+    (hung_up && !error.contains("may be serving")).then_some(
+        "the worker's port accepted connections but closed them: check that both sides \
+         agree on TLS (tls_ca= or JAXCLUSTER_TLS_CA here, --tls-cert/--tls-key on the \
+         worker) and that the address is a jaxcluster worker",
+    )
+}
+
 fn reachable(error: &RpcError) -> bool {
     matches!(
         error,
@@ -241,5 +264,17 @@ mod tests {
         let mut backoff = Backoff::new(BackoffConfig::default());
         let last = (0..40).map(|_| backoff.next_delay()).last().unwrap();
         assert_eq!(last, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn only_a_port_that_hangs_up_gets_the_tls_hint() {
+        let reset = "GetStatus on worker w: transport error (connection reset by peer)";
+        assert!(hang_up_hint(reset).unwrap().contains("tls_ca="));
+        assert!(hang_up_hint("GetStatus: transport error (broken pipe)").is_some());
+        assert!(hang_up_hint("canceled (transport error: connection closed)").is_some());
+        // A crashed worker refuses connections: no TLS advice there.
+        assert!(hang_up_hint("tcp connect error: Connection refused (os error 111)").is_none());
+        // Already explained by the status hint: not said twice.
+        assert!(hang_up_hint("broken pipe; the peer may be serving TLS: ...").is_none());
     }
 }
