@@ -225,10 +225,14 @@ def test_a_tls_ps_serves_variables_to_the_strategy_and_to_workers(
         assert strategy.tls_ca == pki.ca.read_bytes()
         with strategy.scope():
             total = strategy.Variable(np.zeros(3, np.float32), name="total")
-        with ClusterCoordinator(strategy=strategy) as coordinator:
+        # Both spellings take the strategy's CA for the TLS workers (SPEC writes it positionally).
+        with ClusterCoordinator(strategy) as coordinator:
             added = coordinator.schedule(add_ones, args=(total,))
             np.testing.assert_array_equal(added.fetch(timeout=DEADLINE), np.ones(3))
-        np.testing.assert_array_equal(total.read_value(), np.ones(3, np.float32))
+        with ClusterCoordinator(strategy=strategy) as coordinator:
+            added = coordinator.schedule(add_ones, args=(total,))
+            np.testing.assert_array_equal(added.fetch(timeout=DEADLINE), np.full(3, 2.0))
+        np.testing.assert_array_equal(total.read_value(), np.full(3, 2.0, np.float32))
         plain = core.PsClient(ps.address, auth_token=TOKEN, connect_timeout=5.0, timeout=10.0)
         with pytest.raises(Exception, match=ps.address.replace(".", r"\.")):
             plain.read("total")

@@ -122,12 +122,13 @@ class ClusterCoordinator:
                 "strategy=; got " + ("both" if strategy is not None else "neither")
             )
         _check_options(max_queue_size, error_policy, closure_timeout)
-        resolver, strategy_token = _resolver_and_token(
-            cluster_resolver if strategy is None else strategy
-        )
+        source = cluster_resolver if strategy is None else strategy
+        resolver, strategy_token = _resolver_and_token(source)
         token = auth_token or strategy_token or auth_token_from_env()
-        # A strategy's CA serves its workers too (it has the same cluster's certificates).
-        strategy_ca = getattr(strategy, "tls_ca", None) if strategy is not None else None
+        # A strategy's CA serves its workers too (it has the same cluster's certificates),
+        # whether the strategy came positionally (SPEC: ClusterCoordinator(strategy)) or as
+        # strategy=.
+        strategy_ca = getattr(source, "tls_ca", None) if source is not resolver else None
         ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
         ca = ca or ca_from_env()
         self._addresses = _worker_addresses(resolver)
