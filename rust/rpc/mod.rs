@@ -11,6 +11,7 @@ pub mod client;
 pub mod closure_stream;
 pub mod emulated;
 pub mod limits;
+pub mod serve;
 pub mod status;
 pub mod tls;
 
