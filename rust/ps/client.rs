@@ -1,11 +1,10 @@
 //! A tonic client for one parameter server, wrapped by `jaxcluster._core.PsClient`.
 //!
-//! Built like [`crate::rpc::WorkerClient`]: a lazily connecting channel that reconnects by
-//! itself (a restarted ps is usable as soon as it answers), the bearer-token interceptor,
-//! the shared size limits and flow-control windows, and a per-call deadline. Clones share
-//! the connection.
+//! Built on the same [`crate::rpc::channel`] as [`crate::rpc::WorkerClient`]: a lazily
+//! connecting channel that reconnects by itself (a restarted ps is usable as soon as it
+//! answers), the bearer-token interceptor, the shared size limits and flow-control windows,
+//! and a per-call deadline. Clones share the connection.
 
-use std::future::Future;
 use std::time::Duration;
 
 use tonic::service::interceptor::InterceptedService;
@@ -13,10 +12,8 @@ use tonic::transport::Channel;
 
 use super::dtype::Op;
 use crate::rpc::auth::BearerToken;
-use crate::rpc::client::{endpoint_uri, ClientConfig};
-use crate::rpc::limits::{
-    validate_max_message_bytes, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES,
-};
+use crate::rpc::channel::{self, Callee, Peer};
+use crate::rpc::client::ClientConfig;
 use crate::rpc::{pb, RpcError};
 
 type Inner =
@@ -26,52 +23,39 @@ type Inner =
 #[derive(Clone)]
 pub struct PsClient {
     inner: Inner,
-    address: String,
+    callee: Callee,
 }
+
+/// What sets a ps apart, as the shared client code sees it: large frames for multi-megabyte
+/// variables, and a broken connection counted as the ps being unavailable.
+static PS: Peer = Peer {
+    kind: "ps",
+    example_port: 2222,
+    max_frame_bytes: Some(super::MAX_FRAME_BYTES),
+    status_error: call_error,
+};
 
 impl PsClient {
     /// Creates a client that connects on first use. Must run inside the tokio runtime
     /// (e.g. under `runtime().enter()`), which owns the connection's background task.
     pub fn connect_lazy(config: &ClientConfig) -> Result<Self, RpcError> {
-        let limit = validate_max_message_bytes(config.max_message_bytes)
-            .map_err(RpcError::InvalidArgument)?;
-        let auth =
-            BearerToken::new(config.auth_token.as_deref()).map_err(RpcError::InvalidArgument)?;
-        let uri = endpoint_uri(&config.address).map_err(|_| {
-            RpcError::InvalidArgument(format!(
-                "ps address {:?} is not HOST:PORT; expected e.g. '127.0.0.1:2222', \
-                 '[::1]:2222' or 'grpc://ps-0:2222'",
-                config.address
-            ))
-        })?;
-        let endpoint = crate::rpc::tls::endpoint(uri, config.tls.as_ref())
-            .map_err(|e| {
-                RpcError::InvalidArgument(format!("ps address {:?}: {e}", config.address))
-            })?
-            .connect_timeout(config.connect_timeout)
-            .tcp_nodelay(true)
-            .initial_stream_window_size(STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-            .max_frame_size(super::MAX_FRAME_BYTES)
-            // Keepalive notices a ps that vanished without closing its socket.
-            .http2_keep_alive_interval(Duration::from_secs(15))
-            .keep_alive_timeout(Duration::from_secs(20))
-            .keep_alive_while_idle(true);
+        let lazy = channel::connect_lazy(config, &PS)?;
+        let limit = lazy.max_message_bytes;
         let inner = pb::parameter_server_client::ParameterServerClient::with_interceptor(
-            endpoint.connect_lazy(),
-            auth,
+            lazy.channel,
+            lazy.auth,
         )
         .max_decoding_message_size(limit)
         .max_encoding_message_size(limit);
         Ok(Self {
             inner,
-            address: config.address.clone(),
+            callee: Callee::new(&PS, config.address.clone()),
         })
     }
 
     /// The address this client was made for, as given.
     pub fn address(&self) -> &str {
-        &self.address
+        self.callee.address()
     }
 
     /// Identity and counters of the ps.
@@ -81,10 +65,11 @@ impl PsClient {
     ) -> Result<pb::PsStatusResponse, RpcError> {
         let mut c = self.inner.clone();
         let request = pb::PsStatusRequest {};
-        self.call("GetStatus", timeout, request, |r| async move {
-            c.get_status(r).await
-        })
-        .await
+        self.callee
+            .call("GetStatus", timeout, request, |r| async move {
+                c.get_status(r).await
+            })
+            .await
     }
 
     /// Creates a variable; returns whether one of that name was replaced.
@@ -95,6 +80,7 @@ impl PsClient {
     ) -> Result<bool, RpcError> {
         let mut c = self.inner.clone();
         let response = self
+            .callee
             .call("CreateVariable", timeout, request, |r| async move {
                 c.create_variable(r).await
             })
@@ -110,7 +96,8 @@ impl PsClient {
     ) -> Result<pb::ReadResponse, RpcError> {
         let mut c = self.inner.clone();
         let request = pb::ReadRequest { name };
-        self.call("Read", timeout, request, |r| async move { c.read(r).await })
+        self.callee
+            .call("Read", timeout, request, |r| async move { c.read(r).await })
             .await
     }
 
@@ -124,25 +111,28 @@ impl PsClient {
         let mut c = self.inner.clone();
         match op {
             Op::Assign => {
-                self.call(
-                    "Assign",
-                    timeout,
-                    request,
-                    |r| async move { c.assign(r).await },
-                )
-                .await
+                self.callee
+                    .call(
+                        "Assign",
+                        timeout,
+                        request,
+                        |r| async move { c.assign(r).await },
+                    )
+                    .await
             }
             Op::Add => {
-                self.call("AssignAdd", timeout, request, |r| async move {
-                    c.assign_add(r).await
-                })
-                .await
+                self.callee
+                    .call("AssignAdd", timeout, request, |r| async move {
+                        c.assign_add(r).await
+                    })
+                    .await
             }
             Op::Sub => {
-                self.call("AssignSub", timeout, request, |r| async move {
-                    c.assign_sub(r).await
-                })
-                .await
+                self.callee
+                    .call("AssignSub", timeout, request, |r| async move {
+                        c.assign_sub(r).await
+                    })
+                    .await
             }
         }
     }
@@ -154,10 +144,11 @@ impl PsClient {
         timeout: Option<Duration>,
     ) -> Result<pb::UpdateResponse, RpcError> {
         let mut c = self.inner.clone();
-        self.call("ScatterAdd", timeout, request, |r| async move {
-            c.scatter_add(r).await
-        })
-        .await
+        self.callee
+            .call("ScatterAdd", timeout, request, |r| async move {
+                c.scatter_add(r).await
+            })
+            .await
     }
 
     /// Every variable's name, dtype, shape and version.
@@ -168,6 +159,7 @@ impl PsClient {
         let mut c = self.inner.clone();
         let request = pb::ListVariablesRequest {};
         let response = self
+            .callee
             .call("ListVariables", timeout, request, |r| async move {
                 c.list_variables(r).await
             })
@@ -184,6 +176,7 @@ impl PsClient {
         let mut c = self.inner.clone();
         let request = pb::ReadManyRequest { names };
         let response = self
+            .callee
             .call("ReadMany", timeout, request, |r| async move {
                 c.read_many(r).await
             })
@@ -199,6 +192,7 @@ impl PsClient {
     ) -> Result<(u32, u32), RpcError> {
         let mut c = self.inner.clone();
         let response = self
+            .callee
             .call("AssignMany", timeout, request, |r| async move {
                 c.assign_many(r).await
             })
@@ -215,45 +209,12 @@ impl PsClient {
         let mut c = self.inner.clone();
         let request = pb::DeleteVariablesRequest { names };
         let response = self
+            .callee
             .call("DeleteVariables", timeout, request, |r| async move {
                 c.delete_variables(r).await
             })
             .await?;
         Ok(response.deleted)
-    }
-
-    /// Runs one call with an optional deadline and names the method and ps in errors.
-    async fn call<Req, Resp, F, Fut>(
-        &self,
-        method: &str,
-        timeout: Option<Duration>,
-        message: Req,
-        send: F,
-    ) -> Result<Resp, RpcError>
-    where
-        F: FnOnce(tonic::Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
-    {
-        let mut request = tonic::Request::new(message);
-        let context = || format!("{method} on ps {}", self.address);
-        let result = match timeout {
-            None => send(request).await,
-            Some(limit) => {
-                request.set_timeout(limit);
-                if let Ok(result) = tokio::time::timeout(limit, send(request)).await {
-                    result
-                } else {
-                    return Err(RpcError::DeadlineExceeded(format!(
-                        "{} did not answer within {:.3} s",
-                        context(),
-                        limit.as_secs_f64()
-                    )));
-                }
-            }
-        };
-        result
-            .map(tonic::Response::into_inner)
-            .map_err(|status| call_error(status).with_context(&context()))
     }
 }
 

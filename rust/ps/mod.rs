@@ -14,15 +14,12 @@ pub mod tensor;
 
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 use tonic::service::Interceptor;
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Status};
 
 pub use client::PsClient;
@@ -30,11 +27,9 @@ pub use dtype::{DType, Op};
 pub use store::{StoreError, VariableStore};
 
 use crate::rpc::auth::{validate_token, AuthCheck, AUTHORIZATION};
-use crate::rpc::limits::{
-    size_status_layer, validate_max_message_bytes, CONNECTION_WINDOW_BYTES,
-    DEFAULT_MAX_MESSAGE_BYTES, STREAM_WINDOW_BYTES,
-};
+use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::rpc::pb;
+use crate::rpc::serve::{self, BindError, Serving};
 use service::{PsService, PsShared, PsStats};
 
 /// Largest HTTP/2 frame each side accepts. Variables travel as single multi-megabyte
@@ -97,26 +92,13 @@ fn new_incarnation() -> u64 {
     hasher.finish().max(1)
 }
 
-async fn bind(config: &PsConfig) -> Result<TcpListener, PsError> {
-    let bind_error = |source| PsError::Bind {
-        address: config.address.clone(),
-        source,
-    };
-    let first = tokio::net::lookup_host(&config.address)
-        .await
-        .map_err(bind_error)?
-        .next()
-        .ok_or_else(|| bind_error(std::io::Error::other("the name resolved to no address")))?;
-    if config.auth_token.is_none() && !first.ip().is_loopback() {
-        return Err(PsError::Config(format!(
-            "refusing to bind {:?} ({}) without an auth token: anyone who can reach a \
-             non-loopback address could read and overwrite every variable. Give a token \
-             (--auth-token-file or JAXCLUSTER_AUTH_TOKEN) or bind 127.0.0.1",
-            config.address,
-            first.ip()
-        )));
+impl From<BindError> for PsError {
+    fn from(error: BindError) -> Self {
+        match error {
+            BindError::Failed { address, source } => Self::Bind { address, source },
+            BindError::Insecure(message) => Self::Config(message),
+        }
     }
-    TcpListener::bind(first).await.map_err(bind_error)
 }
 
 /// The worker's token check ([`AuthCheck`]: same header, same constant-time comparison,
@@ -143,10 +125,10 @@ impl Interceptor for PsAuth {
 
 /// A running parameter server; dropping it stops serving.
 pub struct PsServer {
+    // Declared first so that dropping the server stops serving before anything else goes.
+    serving: Serving,
     local_addr: SocketAddr,
     shared: Arc<PsShared>,
-    stop: Mutex<Option<oneshot::Sender<()>>>,
-    task: Mutex<Option<JoinHandle<Result<(), tonic::transport::Error>>>>,
 }
 
 impl PsServer {
@@ -163,11 +145,9 @@ impl PsServer {
                 config.ps_index
             )));
         }
-        let listener = bind(&config).await?;
-        let local_addr = listener.local_addr().map_err(|source| PsError::Bind {
-            address: config.address.clone(),
-            source,
-        })?;
+        let exposes = "read and overwrite every variable";
+        let (listener, local_addr) =
+            serve::bind(&config.address, config.auth_token.is_some(), exposes).await?;
         let shared = Arc::new(PsShared {
             ps_index: config.ps_index,
             incarnation: new_incarnation(),
@@ -185,25 +165,13 @@ impl PsServer {
             config.auth_token.as_deref(),
             Arc::clone(&shared.stats.unauthenticated),
         ));
-        let (stop, stopped) = oneshot::channel::<()>();
-        let serve = crate::rpc::tls::server_builder(config.tls.as_ref())
+        let router = serve::server(config.tls.as_ref(), Some(MAX_FRAME_BYTES))
             .map_err(|e| PsError::Config(e.to_string()))?
-            .initial_stream_window_size(STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-            .max_frame_size(MAX_FRAME_BYTES)
-            .layer(size_status_layer::<tonic::body::Body>())
-            .add_service(InterceptedService::new(service, auth))
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
-                async {
-                    let _ = stopped.await;
-                },
-            );
+            .add_service(InterceptedService::new(service, auth));
         Ok(Self {
+            serving: Serving::spawn(router, listener),
             local_addr,
             shared,
-            stop: Mutex::new(Some(stop)),
-            task: Mutex::new(Some(tokio::spawn(serve))),
         })
     }
 
@@ -225,27 +193,7 @@ impl PsServer {
     /// Closes the listener and returns the serving task, which ends once in-flight RPCs
     /// have completed; `None` if already stopped.
     pub fn stop_serving(&self) -> Option<JoinHandle<Result<(), tonic::transport::Error>>> {
-        if let Some(stop) = self
-            .stop
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            let _ = stop.send(());
-        }
-        self.task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-    }
-}
-
-impl Drop for PsServer {
-    fn drop(&mut self) {
-        if let Some(task) = self.stop_serving() {
-            // Nobody will await it; abort so the port is released promptly.
-            task.abort();
-        }
+        self.serving.stop()
     }
 }
 

@@ -1,80 +1,19 @@
 //! `jaxcluster._core.WorkerClient`: blocking calls on the Rust worker client, made with
-//! the GIL released and woken every 100 ms so Ctrl-C gets through. Also the helpers the
-//! other binding files share: [`wait_for`] and [`rpc_error`], the boundary where
-//! [`RpcError`] becomes a `jaxcluster.errors` exception.
+//! the GIL released (see [`super::blocking::wait_for`]). Also the worker dicts other
+//! binding files share, such as [`status_dict`].
 
-use std::future::Future;
 use std::time::Duration;
 
-use bytes::Bytes;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
+use super::blocking::{in_runtime, wait_for};
+use super::convert::{bytes_list, client_config, duration, to_bytes};
 use super::errors::new_error;
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
-use crate::rpc::{pb, ClientConfig, RpcError, WorkerClient};
-use crate::runtime::runtime;
-
-/// How often a blocking wait wakes up to let Python handle signals.
-const SIGNAL_POLL: Duration = Duration::from_millis(100);
-
-/// Maps an RPC failure to its `jaxcluster.errors` class.
-pub(crate) fn rpc_error(py: Python<'_>, error: &RpcError) -> PyErr {
-    let class = match error {
-        RpcError::Unauthenticated(_) => "UnauthenticatedError",
-        RpcError::Unavailable(_) => "UnavailableError",
-        RpcError::NotFound(_) => "NotFoundError",
-        RpcError::InvalidArgument(_) => "InvalidArgumentError",
-        RpcError::ResourceExhausted(_) => "ResourceExhaustedError",
-        RpcError::DeadlineExceeded(_) => "DeadlineExceededError",
-        RpcError::Cancelled(_) => "CancelledError",
-        RpcError::FailedPrecondition(_) => "FailedPreconditionError",
-        RpcError::Aborted(_) => "AbortedError",
-        RpcError::Internal(_) => "InternalError",
-    };
-    new_error(py, class, error.message().to_owned())
-}
-
-/// Converts a Python timeout in seconds (`None`: no limit) to a `Duration`.
-pub(crate) fn duration(seconds: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
-    match seconds {
-        None => Ok(None),
-        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
-        Some(s) => Err(PyValueError::new_err(format!(
-            "{what}={s} is not a valid timeout; expected a non-negative number of seconds or None"
-        ))),
-    }
-}
-
-/// Runs `future` on the shared runtime with the GIL released, checking for signals
-/// between short waits; a pending `KeyboardInterrupt` drops (cancels) the future.
-pub(crate) fn wait_for<F, T>(py: Python<'_>, future: F) -> PyResult<T>
-where
-    F: Future<Output = Result<T, RpcError>> + Send,
-    T: Send,
-{
-    let rt = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-    let mut future = Box::pin(future);
-    loop {
-        // The timer must be created inside the runtime, hence the async block.
-        let polled = py
-            .detach(|| rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut future).await }));
-        match polled {
-            Ok(result) => return result.map_err(|e| rpc_error(py, &e)),
-            Err(_elapsed) => py.check_signals()?,
-        }
-    }
-}
-
-pub(crate) fn bytes_list<'py>(py: Python<'py>, items: &[Bytes]) -> PyResult<Bound<'py, PyList>> {
-    PyList::new(py, items.iter().map(|b| PyBytes::new(py, b)))
-}
-
-pub(crate) fn to_bytes(data: PyBackedBytes) -> Bytes {
-    Bytes::from_owner(data)
-}
+use crate::rpc::{pb, WorkerClient};
 
 fn value(pickle: Option<PyBackedBytes>, buffers: Vec<PyBackedBytes>) -> Option<pb::Value> {
     pickle.map(|p| pb::Value {
@@ -210,17 +149,16 @@ impl PyWorkerClient {
         tls_ca: Option<Vec<u8>>,
         tls_domain: Option<String>,
     ) -> PyResult<Self> {
-        let mut config = ClientConfig::new(address);
-        config.tls =
-            crate::rpc::tls::client_tls(tls_ca, tls_domain).map_err(PyValueError::new_err)?;
-        config.auth_token = auth_token;
-        config.max_message_bytes = max_message_bytes;
-        config.connect_timeout =
-            duration(Some(connect_timeout), "connect_timeout")?.unwrap_or_default();
+        let config = client_config(
+            address,
+            auth_token,
+            connect_timeout,
+            max_message_bytes,
+            tls_ca,
+            tls_domain,
+        )?;
         let timeout = duration(timeout, "timeout")?;
-        let rt = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        let _guard = rt.enter();
-        let inner = WorkerClient::connect_lazy(&config).map_err(|e| rpc_error(py, &e))?;
+        let inner = in_runtime(py, || WorkerClient::connect_lazy(&config))?;
         Ok(Self { inner, timeout })
     }
 

@@ -19,7 +19,8 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use super::client::{duration, rpc_error, to_bytes};
+use super::blocking::in_runtime;
+use super::convert::{duration, to_bytes};
 use super::dispatch_convert::{
     dispatch_error, interrupted, metrics_dict, outcome_tuple, worker_dict,
 };
@@ -29,7 +30,6 @@ use crate::dispatch::{
 };
 use crate::queue::WaitPolicy;
 use crate::rpc::{ClientConfig, WorkerClient};
-use crate::runtime::runtime;
 
 /// How often a blocked call takes the GIL to check for signals (Ctrl-C latency bound).
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
@@ -79,9 +79,7 @@ impl PyDispatcher {
         if let Some(recovery) = duration(recovery_timeout, "recovery_timeout")? {
             config.recovery_timeout = recovery;
         }
-        let clients = {
-            let runtime = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-            let _context = runtime.enter(); // the clients' connections belong to the runtime
+        let clients = in_runtime(py, || {
             addresses
                 .iter()
                 .map(|address| {
@@ -89,10 +87,10 @@ impl PyDispatcher {
                     client.auth_token = auth_token.map(str::to_owned);
                     client.max_message_bytes = max_message_bytes;
                     client.tls.clone_from(&tls);
-                    WorkerClient::connect_lazy(&client).map_err(|e| rpc_error(py, &e))
+                    WorkerClient::connect_lazy(&client)
                 })
-                .collect::<PyResult<Vec<_>>>()?
-        };
+                .collect::<Result<Vec<_>, _>>()
+        })?;
         let inner = Dispatcher::new(clients, config).map_err(|e| dispatch_error(py, e))?;
         Ok(Self { inner, addresses })
     }

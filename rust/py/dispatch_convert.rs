@@ -7,7 +7,8 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use super::client::{bytes_list, status_dict};
+use super::client::status_dict;
+use super::convert::bytes_list;
 use super::errors::{error_type, new_error};
 use crate::dispatch::{
     ClosureFailure, DispatchError, FailureKind, MetricsSnapshot, Outcome, WorkerSnapshot,

@@ -2,7 +2,9 @@
 
 use pyo3::prelude::*;
 
+mod blocking;
 mod client;
+mod convert;
 mod device;
 mod dispatch;
 mod dispatch_convert;

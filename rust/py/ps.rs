@@ -3,7 +3,7 @@
 //! The server serves entirely on the shared tokio runtime: no request ever takes the GIL,
 //! so a `jaxcluster ps` process's interpreter only waits for SIGTERM. The client converts
 //! numpy values with the GIL held, then waits for the RPC with it released (see
-//! `client::wait_for`), so many Python threads can update variables at once.
+//! `blocking::wait_for`), so many Python threads can update variables at once.
 
 mod arrays;
 
@@ -14,19 +14,12 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
-use super::client::{duration, rpc_error, wait_for};
+use super::blocking::{block_detached, finish_serving, in_runtime, wait_for};
+use super::convert::{client_config, duration};
 use crate::ps::{Op, PsClient, PsConfig, PsError, PsServer};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
-use crate::rpc::{pb, ClientConfig};
-use crate::runtime::runtime;
+use crate::rpc::pb;
 use arrays::{check_name, missing, to_array, to_indices, to_tensor};
-
-/// How long `shutdown` lets in-flight RPCs complete after closing the listener.
-const STOP_GRACE: Duration = Duration::from_secs(5);
-
-fn runtime_or_err() -> PyResult<&'static tokio::runtime::Runtime> {
-    runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))
-}
 
 fn ps_error(error: PsError) -> PyErr {
     match error {
@@ -81,10 +74,7 @@ impl PyPsServer {
             ps_index: index,
             max_message_bytes,
         };
-        let rt = runtime_or_err()?;
-        let server = py
-            .detach(|| rt.block_on(PsServer::start(config)))
-            .map_err(ps_error)?;
+        let server = block_detached(py, PsServer::start(config))?.map_err(ps_error)?;
         Ok(Self {
             inner: Arc::new(server),
         })
@@ -113,20 +103,11 @@ impl PyPsServer {
         let Some(task) = self.inner.stop_serving() else {
             return Ok(());
         };
-        let rt = runtime_or_err()?;
-        let abort = task.abort_handle();
-        let finished =
-            py.detach(|| rt.block_on(async { tokio::time::timeout(STOP_GRACE, task).await }));
-        match finished {
-            Ok(Ok(Err(e))) => Err(PyRuntimeError::new_err(format!(
+        match finish_serving(py, task)? {
+            Some(e) => Err(PyRuntimeError::new_err(format!(
                 "the ps's gRPC server failed: {e}"
             ))),
-            // Stopped cleanly, or aborted/panicked: the server is gone either way.
-            Ok(Ok(Ok(())) | Err(_)) => Ok(()),
-            Err(_elapsed) => {
-                abort.abort();
-                Ok(())
-            }
+            None => Ok(()),
         }
     }
 
@@ -201,16 +182,16 @@ impl PyPsClient {
         tls_ca: Option<Vec<u8>>,
         tls_domain: Option<String>,
     ) -> PyResult<Self> {
-        let mut config = ClientConfig::new(address);
-        config.tls =
-            crate::rpc::tls::client_tls(tls_ca, tls_domain).map_err(PyValueError::new_err)?;
-        config.auth_token = auth_token;
-        config.max_message_bytes = max_message_bytes;
-        config.connect_timeout =
-            duration(Some(connect_timeout), "connect_timeout")?.unwrap_or_default();
+        let config = client_config(
+            address,
+            auth_token,
+            connect_timeout,
+            max_message_bytes,
+            tls_ca,
+            tls_domain,
+        )?;
         let timeout = duration(timeout, "timeout")?;
-        let _guard = runtime_or_err()?.enter();
-        let inner = PsClient::connect_lazy(&config).map_err(|e| rpc_error(py, &e))?;
+        let inner = in_runtime(py, || PsClient::connect_lazy(&config))?;
         Ok(Self { inner, timeout })
     }
 

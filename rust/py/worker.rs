@@ -10,17 +10,15 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use super::client::{bytes_list, duration, status_dict, to_bytes};
+use super::blocking::{block_detached, finish_serving};
+use super::client::status_dict;
+use super::convert::{bytes_list, duration, to_bytes};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
-use crate::runtime::runtime;
 use crate::worker::{Job, JobReply, JobRequest, Pop, WorkerConfig, WorkerError, WorkerServer};
 
 /// Longest a blocking call waits before checking for signals.
 const SIGNAL_POLL: Duration = Duration::from_millis(50);
-
-/// How long `shutdown` lets in-flight RPCs complete after closing the listener.
-const STOP_GRACE: Duration = Duration::from_secs(5);
 
 fn worker_error(error: WorkerError) -> PyErr {
     match error {
@@ -91,10 +89,7 @@ impl PyWorkerServer {
             jax_version,
             platform,
         };
-        let rt = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        let server = py
-            .detach(|| rt.block_on(WorkerServer::start(config)))
-            .map_err(worker_error)?;
+        let server = block_detached(py, WorkerServer::start(config))?.map_err(worker_error)?;
         Ok(Self {
             inner: Arc::new(server),
         })
@@ -160,15 +155,8 @@ impl PyWorkerServer {
         self.inner.begin_shutdown();
         let idle = self.wait_idle(py, timeout)?;
         if let Some(task) = self.inner.stop_serving() {
-            let rt = runtime().map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-            let abort = task.abort_handle();
-            let finished =
-                py.detach(|| rt.block_on(async { tokio::time::timeout(STOP_GRACE, task).await }));
-            match finished {
-                Ok(Ok(Err(e))) => return Err(worker_error(WorkerError::Serve(e.to_string()))),
-                // Stopped cleanly, or aborted/panicked: the server is gone either way.
-                Ok(Ok(Ok(())) | Err(_)) => {}
-                Err(_elapsed) => abort.abort(),
+            if let Some(e) = finish_serving(py, task)? {
+                return Err(worker_error(WorkerError::Serve(e.to_string())));
             }
         }
         Ok(idle)

@@ -1,14 +1,17 @@
 //! The coordinator <-> worker protocol: generated messages and service stubs, bearer-token
-//! auth, the one mapping between `tonic::Status` and [`RpcError`], message-size limits, and
-//! the [`client::WorkerClient`] the coordinator's dispatcher uses.
+//! auth, the one mapping between `tonic::Status` and [`RpcError`], message-size limits, the
+//! channel and call code every client shares, and the [`client::WorkerClient`] the
+//! coordinator's dispatcher uses.
 //!
 //! Nothing here knows Python exists; `rust/py` wraps it.
 
 pub mod auth;
+pub mod channel;
 pub mod client;
 pub mod closure_stream;
 pub mod emulated;
 pub mod limits;
+pub mod serve;
 pub mod status;
 pub mod tls;
 

@@ -20,23 +20,18 @@ pub mod stream;
 pub mod validate;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
 
 pub use jobs::{Job, JobReply, JobRequest, Pop};
 
 use crate::rpc::auth::{validate_token, AuthCheck};
-use crate::rpc::limits::{
-    size_status_layer, validate_max_message_bytes, CONNECTION_WINDOW_BYTES,
-    DEFAULT_MAX_MESSAGE_BYTES, STREAM_WINDOW_BYTES,
-};
+use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::rpc::pb;
+use crate::rpc::serve::{self, BindError, Serving};
 use jobs::JobQueue;
 use service::{Shared, WorkerService};
 use stats::Stats;
@@ -99,36 +94,20 @@ pub enum WorkerError {
 
 /// A running worker server; dropping it stops serving.
 pub struct WorkerServer {
+    // Declared first so that, after `drop` has begun draining, serving stops before
+    // anything else goes.
+    serving: Serving,
     local_addr: SocketAddr,
     shared: Arc<Shared>,
-    stop: Mutex<Option<oneshot::Sender<()>>>,
-    task: Mutex<Option<JoinHandle<Result<(), tonic::transport::Error>>>>,
 }
 
-async fn bind(config: &WorkerConfig) -> Result<TcpListener, WorkerError> {
-    let bind_error = |source| WorkerError::Bind {
-        address: config.address.clone(),
-        source,
-    };
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&config.address)
-        .await
-        .map_err(bind_error)?
-        .collect();
-    let Some(first) = addrs.first() else {
-        return Err(bind_error(std::io::Error::other(
-            "the name resolved to no address",
-        )));
-    };
-    if config.auth_token.is_none() && !first.ip().is_loopback() {
-        return Err(WorkerError::Config(format!(
-            "refusing to bind {:?} ({}) without an auth token: anyone who can reach a \
-             non-loopback address could run code on this machine. Give a token \
-             (--auth-token-file or JAXCLUSTER_AUTH_TOKEN) or bind 127.0.0.1",
-            config.address,
-            first.ip()
-        )));
+impl From<BindError> for WorkerError {
+    fn from(error: BindError) -> Self {
+        match error {
+            BindError::Failed { address, source } => Self::Bind { address, source },
+            BindError::Insecure(message) => Self::Config(message),
+        }
     }
-    TcpListener::bind(first).await.map_err(bind_error)
 }
 
 impl WorkerServer {
@@ -139,11 +118,9 @@ impl WorkerServer {
         if let Some(token) = &config.auth_token {
             validate_token(token).map_err(WorkerError::Config)?;
         }
-        let listener = bind(&config).await?;
-        let local_addr = listener.local_addr().map_err(|source| WorkerError::Bind {
-            address: config.address.clone(),
-            source,
-        })?;
+        let exposes = "run code on this machine";
+        let (listener, local_addr) =
+            serve::bind(&config.address, config.auth_token.is_some(), exposes).await?;
         let stats = Arc::new(Stats::default());
         let shared = Arc::new(Shared {
             worker_index: config.worker_index,
@@ -163,25 +140,13 @@ impl WorkerServer {
             config.auth_token.as_deref(),
             Arc::clone(&stats.unauthenticated),
         );
-        let (stop, stopped) = oneshot::channel::<()>();
-        let serve = crate::rpc::tls::server_builder(config.tls.as_ref())
+        let router = serve::server(config.tls.as_ref(), None)
             .map_err(|e| WorkerError::Config(e.to_string()))?
-            .initial_stream_window_size(STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-            .layer(size_status_layer::<tonic::body::Body>())
-            .add_service(InterceptedService::new(service, auth))
-            .serve_with_incoming_shutdown(
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
-                async {
-                    let _ = stopped.await;
-                },
-            );
-        let task = tokio::spawn(serve);
+            .add_service(InterceptedService::new(service, auth));
         Ok(Self {
+            serving: Serving::spawn(router, listener),
             local_addr,
             shared,
-            stop: Mutex::new(Some(stop)),
-            task: Mutex::new(Some(task)),
         })
     }
 
@@ -224,28 +189,15 @@ impl WorkerServer {
     /// Closes the listener and returns the serving task, which ends once in-flight RPCs
     /// have completed; `None` if already stopped. Call after [`WorkerServer::wait_idle`].
     pub fn stop_serving(&self) -> Option<JoinHandle<Result<(), tonic::transport::Error>>> {
-        if let Some(stop) = self
-            .stop
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            let _ = stop.send(());
-        }
-        self.task
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        self.serving.stop()
     }
 }
 
 impl Drop for WorkerServer {
     fn drop(&mut self) {
+        // Queued closures are answered `UNAVAILABLE` before the serving task (a field,
+        // dropped after this) is stopped and aborted.
         self.shared.queue.begin_drain();
-        if let Some(task) = self.stop_serving() {
-            // Nobody will await it; abort so the port is released promptly.
-            task.abort();
-        }
     }
 }
 

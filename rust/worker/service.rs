@@ -69,7 +69,31 @@ impl Shared {
         }
     }
 
-    pub(super) fn lookup(&self, hash: &[u8; HASH_LEN]) -> Result<StoredFunction, Status> {
+    /// The registered function an execution request names, after checking its hash and
+    /// arguments; every refusal is counted. Unary and streamed requests share it so that
+    /// they are refused alike.
+    fn checked_function(
+        &self,
+        function_hash: &[u8],
+        args: Option<&pb::Value>,
+    ) -> Result<StoredFunction, Status> {
+        let hash = validate::function_hash(function_hash)
+            .and_then(|hash| validate::value(args, "args").map(|()| hash))
+            .map_err(|s| self.stats.reject(s))?;
+        self.lookup(&hash)
+    }
+
+    /// The job for a `RunClosure` request, unary or streamed.
+    pub(super) fn run_job(&self, request: pb::RunClosureRequest) -> Result<JobRequest, Status> {
+        let function = self.checked_function(&request.function_hash, request.args.as_ref())?;
+        Ok(JobRequest::Run {
+            closure_id: request.closure_id,
+            function,
+            args: request.args,
+        })
+    }
+
+    fn lookup(&self, hash: &[u8; HASH_LEN]) -> Result<StoredFunction, Status> {
         self.store.get(hash).ok_or_else(|| {
             self.stats.reject(Status::not_found(format!(
                 "worker {} holds no function with hash 0x{}; call RegisterFunction with its \
@@ -163,16 +187,7 @@ impl pb::worker_server::Worker for WorkerService {
         request: Request<pb::RunClosureRequest>,
     ) -> Result<Response<pb::RunClosureResponse>, Status> {
         let shared = &self.shared;
-        let request = request.into_inner();
-        let hash = validate::function_hash(&request.function_hash)
-            .and_then(|hash| validate::value(request.args.as_ref(), "args").map(|()| hash))
-            .map_err(|s| shared.stats.reject(s))?;
-        let function = shared.lookup(&hash)?;
-        let job = JobRequest::Run {
-            closure_id: request.closure_id,
-            function,
-            args: request.args,
-        };
+        let job = shared.run_job(request.into_inner())?;
         let JobReply::Run(response) = shared.submit(job).await? else {
             return Err(mismatched());
         };
@@ -198,10 +213,7 @@ impl pb::worker_server::Worker for WorkerService {
     ) -> Result<Response<pb::CreateResourceResponse>, Status> {
         let shared = &self.shared;
         let request = request.into_inner();
-        let hash = validate::function_hash(&request.function_hash)
-            .and_then(|hash| validate::value(request.args.as_ref(), "args").map(|()| hash))
-            .map_err(|s| shared.stats.reject(s))?;
-        let function = shared.lookup(&hash)?;
+        let function = shared.checked_function(&request.function_hash, request.args.as_ref())?;
         let job = JobRequest::CreateResource {
             resource_id: request.resource_id,
             function,

@@ -27,9 +27,8 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Status, Streaming};
 
-use super::jobs::{JobQueue, JobRequest};
+use super::jobs::JobQueue;
 use super::service::Shared;
-use super::validate;
 use crate::rpc::limits::too_large;
 use crate::rpc::pb;
 
@@ -228,7 +227,7 @@ fn queue_message(shared: &Shared, stream: &Arc<ClosureStream>, request: pb::RunC
     let mut jobs = Vec::with_capacity(request.closures.len());
     for closure in request.closures {
         let closure_id = closure.closure_id;
-        match checked_job(shared, closure) {
+        match shared.run_job(closure) {
             Ok(job) => jobs.push((closure_id, job)),
             Err(status) => {
                 // Queue what came before, in order, then refuse (and maybe halt) here.
@@ -238,19 +237,6 @@ fn queue_message(shared: &Shared, stream: &Arc<ClosureStream>, request: pb::RunC
         }
     }
     queue.push_streamed(jobs, stream);
-}
-
-/// The job for one streamed closure, checked as unary `RunClosure` checks its request.
-fn checked_job(shared: &Shared, request: pb::RunClosureRequest) -> Result<JobRequest, Status> {
-    let hash = validate::function_hash(&request.function_hash)
-        .and_then(|hash| validate::value(request.args.as_ref(), "args").map(|()| hash))
-        .map_err(|s| shared.stats.reject(s))?;
-    let function = shared.lookup(&hash)?;
-    Ok(JobRequest::Run {
-        closure_id: request.closure_id,
-        function,
-        args: request.args,
-    })
 }
 
 /// The response half of a `RunClosures` call: every answer ready when polled, in one

@@ -1,0 +1,52 @@
+//! Python arguments to Rust values, for the settings and payloads several bindings take.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::{PyBytes, PyList};
+
+use crate::rpc::ClientConfig;
+
+/// Converts a Python timeout in seconds (`None`: no limit) to a `Duration`.
+pub(crate) fn duration(seconds: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) => Err(PyValueError::new_err(format!(
+            "{what}={s} is not a valid timeout; expected a non-negative number of seconds or None"
+        ))),
+    }
+}
+
+/// The connection settings every client constructor takes (`WorkerClient`, `PsClient`), so
+/// they are checked the same way and in the same order.
+pub(crate) fn client_config(
+    address: String,
+    auth_token: Option<String>,
+    connect_timeout: f64,
+    max_message_bytes: usize,
+    tls_ca: Option<Vec<u8>>,
+    tls_domain: Option<String>,
+) -> PyResult<ClientConfig> {
+    let mut config = ClientConfig::new(address);
+    config.tls = crate::rpc::tls::client_tls(tls_ca, tls_domain).map_err(PyValueError::new_err)?;
+    config.auth_token = auth_token;
+    config.max_message_bytes = max_message_bytes;
+    config.connect_timeout =
+        duration(Some(connect_timeout), "connect_timeout")?.unwrap_or_default();
+    Ok(config)
+}
+
+/// Buffers as a list of `bytes`.
+pub(crate) fn bytes_list<'py>(py: Python<'py>, items: &[Bytes]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, items.iter().map(|b| PyBytes::new(py, b)))
+}
+
+/// Hands an argument's buffer to `Bytes` without another copy; the buffer stays alive as
+/// long as the `Bytes` does.
+pub(crate) fn to_bytes(data: PyBackedBytes) -> Bytes {
+    Bytes::from_owner(data)
+}

@@ -1,0 +1,180 @@
+//! The channel setup and per-call deadline that the worker and ps clients share.
+//!
+//! Both clients must behave alike on the wire (same keepalive, flow-control windows, size
+//! limits and timeout wording) so that the dispatcher can treat a slow or vanished worker
+//! and a slow or vanished ps the same way; keeping one copy of that logic is what keeps them
+//! alike. What differs between the two is gathered in a [`Peer`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use tonic::transport::Channel;
+
+use super::auth::BearerToken;
+use super::limits::{validate_max_message_bytes, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES};
+use super::{ClientConfig, RpcError};
+
+/// What sets one kind of server apart, as seen by a client.
+#[derive(Debug)]
+pub struct Peer {
+    /// The task's kind as error messages name it (`worker`, `ps`).
+    pub kind: &'static str,
+    /// The port the address examples in error messages use.
+    pub example_port: u16,
+    /// Largest HTTP/2 frame to accept; `None` keeps the HTTP/2 default.
+    pub max_frame_bytes: Option<u32>,
+    /// Turns a failed call's status into the error callers see.
+    pub status_error: fn(tonic::Status) -> RpcError,
+}
+
+/// Turns `host:port` (optionally with a `grpc://` or `http://` scheme) into an endpoint URI.
+pub fn endpoint_uri(address: &str, peer: &Peer) -> Result<String, RpcError> {
+    let rest = address
+        .strip_prefix("grpc://")
+        .or_else(|| address.strip_prefix("http://"))
+        .unwrap_or(address);
+    let valid = rest
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !valid || rest.contains('/') {
+        let (kind, port) = (peer.kind, peer.example_port);
+        return Err(RpcError::InvalidArgument(format!(
+            "{kind} address {address:?} is not HOST:PORT; expected e.g. '127.0.0.1:{port}', \
+             '[::1]:{port}' or 'grpc://{kind}-0:{port}'"
+        )));
+    }
+    Ok(format!("http://{rest}"))
+}
+
+/// A lazily connecting channel and what a generated client needs to wrap it.
+pub struct LazyChannel {
+    /// Connects on first use and reconnects by itself after a failure.
+    pub channel: Channel,
+    /// The interceptor that adds the bearer token.
+    pub auth: BearerToken,
+    /// The validated message-size limit, for both directions.
+    pub max_message_bytes: usize,
+}
+
+/// Validates `config` and makes the channel. Must run inside the tokio runtime (e.g. under
+/// `runtime().enter()`), which owns the connection's background task.
+pub fn connect_lazy(config: &ClientConfig, peer: &Peer) -> Result<LazyChannel, RpcError> {
+    let max_message_bytes =
+        validate_max_message_bytes(config.max_message_bytes).map_err(RpcError::InvalidArgument)?;
+    let auth = BearerToken::new(config.auth_token.as_deref()).map_err(RpcError::InvalidArgument)?;
+    let uri = endpoint_uri(&config.address, peer)?;
+    let endpoint = super::tls::endpoint(uri, config.tls.as_ref())
+        .map_err(|e| {
+            RpcError::InvalidArgument(format!("{} address {:?}: {e}", peer.kind, config.address))
+        })?
+        .connect_timeout(config.connect_timeout)
+        .tcp_nodelay(true)
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .max_frame_size(peer.max_frame_bytes)
+        // Keepalive pings notice a server that vanished without closing its socket (a
+        // partitioned or frozen host) while a long call is in flight.
+        .http2_keep_alive_interval(Duration::from_secs(15))
+        .keep_alive_timeout(Duration::from_secs(20))
+        .keep_alive_while_idle(true);
+    Ok(LazyChannel {
+        channel: endpoint.connect_lazy(),
+        auth,
+        max_message_bytes,
+    })
+}
+
+/// One server a client calls: its kind and its address, which every error names.
+#[derive(Debug, Clone)]
+pub struct Callee {
+    peer: &'static Peer,
+    address: String,
+}
+
+impl Callee {
+    /// A callee of kind `peer` at `address` (as given, for messages).
+    pub fn new(peer: &'static Peer, address: String) -> Self {
+        Self { peer, address }
+    }
+
+    /// The address this callee was made for, as given.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Runs one call with an optional deadline. The deadline is both sent (`grpc-timeout`,
+    /// so the server can give up too) and enforced here, so a server that never answers
+    /// still fails the call on time.
+    pub async fn call<Req, Resp, F, Fut>(
+        &self,
+        method: &str,
+        timeout: Option<Duration>,
+        message: Req,
+        send: F,
+    ) -> Result<Resp, RpcError>
+    where
+        F: FnOnce(tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let mut request = tonic::Request::new(message);
+        let context = || format!("{method} on {} {}", self.peer.kind, self.address);
+        let result = match timeout {
+            None => send(request).await,
+            Some(limit) => {
+                request.set_timeout(limit);
+                if let Ok(result) = tokio::time::timeout(limit, send(request)).await {
+                    result
+                } else {
+                    return Err(RpcError::DeadlineExceeded(format!(
+                        "{} did not answer within {:.3} s",
+                        context(),
+                        limit.as_secs_f64()
+                    )));
+                }
+            }
+        };
+        result
+            .map(tonic::Response::into_inner)
+            .map_err(|status| (self.peer.status_error)(status).with_context(&context()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PEER: Peer = Peer {
+        kind: "worker",
+        example_port: 8470,
+        max_frame_bytes: None,
+        status_error: RpcError::from,
+    };
+
+    #[test]
+    fn addresses_are_normalised_or_refused_clearly() {
+        let uri = |a| endpoint_uri(a, &PEER);
+        assert_eq!(uri("127.0.0.1:80").unwrap(), "http://127.0.0.1:80");
+        assert_eq!(uri("grpc://w-0:8470").unwrap(), "http://w-0:8470");
+        assert_eq!(uri("[::1]:1").unwrap(), "http://[::1]:1");
+        for bad in ["", "host", "host:", ":80", "host:99999", "http://h:1/path"] {
+            let e = uri(bad).unwrap_err();
+            assert!(matches!(e, RpcError::InvalidArgument(_)), "{bad}");
+            assert!(e.message().contains("HOST:PORT"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_refusal_names_the_peer_and_its_example_port() {
+        let ps = Peer {
+            kind: "ps",
+            example_port: 2222,
+            ..PEER
+        };
+        let e = endpoint_uri("nope", &ps).unwrap_err();
+        assert_eq!(
+            e.message(),
+            "ps address \"nope\" is not HOST:PORT; expected e.g. '127.0.0.1:2222', \
+             '[::1]:2222' or 'grpc://ps-0:2222'"
+        );
+    }
+}
