@@ -110,6 +110,23 @@ pub(super) fn ran_on(cluster: &FakeCluster, id: u64) -> Vec<usize> {
         .collect()
 }
 
+/// Schedules `count` closures echoing their index, every `every`-th one (from 0) raising
+/// instead: a mix of user errors and values for the error-policy tests.
+pub(super) fn schedule_raising_every(
+    dispatcher: &Dispatcher,
+    count: usize,
+    every: usize,
+) -> Vec<Arc<ResultCell>> {
+    let raise = function(dispatcher, "raise");
+    let echo = function(dispatcher, "echo");
+    (0..count)
+        .map(|i| {
+            let f = if i % every == 0 { &raise } else { &echo };
+            dispatcher.schedule(f, args(&i.to_string()), &[]).unwrap()
+        })
+        .collect()
+}
+
 /// `join` with a deadline, expected to report everything done.
 pub(super) fn join(dispatcher: &Dispatcher) {
     let mut policy = crate::queue::WaitPolicy::until(deadline());

@@ -159,14 +159,7 @@ fn per_closure_keeps_each_error_on_its_own_closure() {
         ..fast_config()
     };
     let dispatcher = start(&cluster, config);
-    let raise = function(&dispatcher, "raise");
-    let echo = function(&dispatcher, "echo");
-    let cells: Vec<_> = (0..20)
-        .map(|i| {
-            let f = if i % 4 == 0 { &raise } else { &echo };
-            dispatcher.schedule(f, args(&i.to_string()), &[]).unwrap()
-        })
-        .collect();
+    let cells = schedule_raising_every(&dispatcher, 20, 4);
     join(&dispatcher);
     assert!(dispatcher.done(&mut WaitPolicy::forever()).unwrap());
     for (i, cell) in cells.iter().enumerate() {

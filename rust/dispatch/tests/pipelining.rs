@@ -216,17 +216,8 @@ fn per_closure_lets_pipelined_closures_run_after_an_error() {
         ..fast_config()
     };
     let dispatcher = start(&cluster, config);
-    let raise = function(&dispatcher, "raise");
-    let echo = function(&dispatcher, "echo");
-    let mut cells = Vec::new();
-    for i in 0..50 {
-        let f = if i % 5 == 0 { &raise } else { &echo };
-        cells.push((
-            i,
-            dispatcher.schedule(f, args(&i.to_string()), &[]).unwrap(),
-        ));
-    }
-    for (i, cell) in &cells {
+    let cells = schedule_raising_every(&dispatcher, 50, 5);
+    for (i, cell) in cells.iter().enumerate() {
         if i % 5 == 0 {
             assert_eq!(failure(cell).kind.label(), "user");
         } else {
