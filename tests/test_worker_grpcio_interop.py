@@ -82,11 +82,8 @@ def test_get_status_and_list_devices(stub: Any, stubs: tuple[ModuleType, ModuleT
     assert devices[0].name.endswith("/device:CPU:0")
 
 
-def test_a_closure_round_trips_through_grpcio(
-    stub: Any, stubs: tuple[ModuleType, ModuleType]
-) -> None:
-    pb2 = stubs[0]
-    payload = wire.function_payload(lambda a: a[::-1] * 2)
+def _register(stub: Any, pb2: ModuleType, payload: Any) -> None:
+    """Sends a cloudpickled function with the token, as the coordinator would."""
     stub.RegisterFunction(
         pb2.RegisterFunctionRequest(
             function_hash=payload.function_hash,
@@ -96,6 +93,14 @@ def test_a_closure_round_trips_through_grpcio(
         metadata=AUTH,
         timeout=30,
     )
+
+
+def test_a_closure_round_trips_through_grpcio(
+    stub: Any, stubs: tuple[ModuleType, ModuleType]
+) -> None:
+    pb2 = stubs[0]
+    payload = wire.function_payload(lambda a: a[::-1] * 2)
+    _register(stub, pb2, payload)
     args = wire.encode(((np.arange(5),), {}))
     reply = stub.RunClosure(
         pb2.RunClosureRequest(
@@ -145,15 +150,7 @@ def _streamed_closure(pb2: ModuleType, function_hash: bytes, closure_id: int, n:
 def test_closures_stream_through_grpcio(stub: Any, stubs: tuple[ModuleType, ModuleType]) -> None:
     pb2 = stubs[0]
     payload = wire.function_payload(lambda n: n * 10)
-    stub.RegisterFunction(
-        pb2.RegisterFunctionRequest(
-            function_hash=payload.function_hash,
-            kind=pb2.FUNCTION_KIND_CLOUDPICKLE,
-            payload=payload.payload,
-        ),
-        metadata=AUTH,
-        timeout=30,
-    )
+    _register(stub, pb2, payload)
     requests = [
         pb2.RunClosuresRequest(
             closures=[_streamed_closure(pb2, payload.function_hash, i, i) for i in range(3)]
@@ -185,15 +182,7 @@ def test_a_stream_without_the_token_is_unauthenticated_and_runs_nothing(
 ) -> None:
     pb2 = stubs[0]
     payload = wire.function_payload(lambda n: n + 1)
-    stub.RegisterFunction(
-        pb2.RegisterFunctionRequest(
-            function_hash=payload.function_hash,
-            kind=pb2.FUNCTION_KIND_CLOUDPICKLE,
-            payload=payload.payload,
-        ),
-        metadata=AUTH,
-        timeout=30,
-    )
+    _register(stub, pb2, payload)
     before = stub.GetStatus(pb2.GetStatusRequest(), metadata=AUTH, timeout=30)
     request = pb2.RunClosuresRequest(closures=[_streamed_closure(pb2, payload.function_hash, 1, 1)])
     with pytest.raises(grpc.RpcError) as refused:
