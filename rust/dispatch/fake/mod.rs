@@ -67,11 +67,20 @@ pub struct Execution {
     pub worker: usize,
 }
 
+/// The execution log and, beside it, a count per closure: `ps-fail` asks for a closure's
+/// attempt number on every execution, and counting through the log each time made the
+/// dispatch benchmark quadratic.
+#[derive(Default)]
+struct Executions {
+    log: Vec<Execution>,
+    attempts: HashMap<u64, usize>,
+}
+
 /// State shared by the cluster handle and every transport.
 pub(crate) struct ClusterInner {
     workers: Vec<FakeWorker>,
     gates: Mutex<HashMap<String, watch::Sender<bool>>>,
-    executions: Mutex<Vec<Execution>>,
+    executions: Mutex<Executions>,
     chaos: Option<Chaos>,
     rng: Mutex<SplitMix>,
 }
@@ -88,11 +97,10 @@ impl ClusterInner {
     /// one included.
     fn record_execution(&self, closure_id: u64, worker: usize) -> usize {
         let mut executions = lock(&self.executions);
-        executions.push(Execution { closure_id, worker });
-        executions
-            .iter()
-            .filter(|execution| execution.closure_id == closure_id)
-            .count()
+        executions.log.push(Execution { closure_id, worker });
+        let attempts = executions.attempts.entry(closure_id).or_insert(0);
+        *attempts += 1;
+        *attempts
     }
 
     /// A uniform draw in `[0, 1)`.
@@ -135,7 +143,7 @@ impl FakeCluster {
             inner: Arc::new(ClusterInner {
                 workers: (0..workers).map(FakeWorker::new).collect(),
                 gates: Mutex::new(HashMap::new()),
-                executions: Mutex::new(Vec::new()),
+                executions: Mutex::new(Executions::default()),
                 chaos,
                 rng: Mutex::new(SplitMix(seed)),
             }),
@@ -180,7 +188,7 @@ impl FakeCluster {
 
     /// Every execution so far, in start order.
     pub fn executions(&self) -> Vec<Execution> {
-        lock(&self.inner.executions).clone()
+        lock(&self.inner.executions).log.clone()
     }
 
     /// The calls worker `index` received, in order.
