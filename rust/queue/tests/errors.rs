@@ -5,8 +5,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{await_state, spawn, Ledger, Queue, PROMPTLY};
+use super::{await_state, spawn, Item, Ledger, Queue, PROMPTLY};
 use crate::queue::{QueueError, TryPutError, WaitPolicy};
+
+/// Puts closures 0 and 1, takes both, and fails 0 with "boom": the error is pending while 1
+/// (returned) is still inflight, the starting point of most tests here.
+fn fail_first_of_two_inflight(ledger: &Arc<Ledger>, queue: &Queue) -> Item {
+    queue.put(ledger.item(0), None).unwrap();
+    queue.put(ledger.item(1), None).unwrap();
+    let (failing, inflight) = (queue.try_get(None).unwrap(), queue.try_get(None).unwrap());
+    failing.fail();
+    queue.mark_failed("boom".to_owned()).unwrap();
+    inflight
+}
 
 fn failed_with(result: Result<impl std::fmt::Debug, QueueError<String>>) -> String {
     match result {
@@ -125,11 +136,7 @@ fn raising_waits_for_inflight_closures_before_returning() {
 fn put_back_while_an_error_is_pending_cancels_the_closure() {
     let ledger = Ledger::new(2);
     let queue = Queue::new(8);
-    queue.put(ledger.item(0), None).unwrap();
-    queue.put(ledger.item(1), None).unwrap();
-    let (a, b) = (queue.try_get(None).unwrap(), queue.try_get(None).unwrap());
-    a.fail();
-    queue.mark_failed("boom".to_owned()).unwrap();
+    let b = fail_first_of_two_inflight(&ledger, &queue);
     queue.put_back(b).unwrap();
     assert_eq!(ledger.cancelled_ids(), vec![1]);
     assert_eq!((queue.len(), queue.inflight()), (0, 0));
@@ -140,12 +147,7 @@ fn put_back_while_an_error_is_pending_cancels_the_closure() {
 fn concurrent_raisers_all_get_the_same_error_and_it_is_cleared_once() {
     let ledger = Ledger::new(3);
     let queue = Arc::new(Queue::new(8));
-    queue.put(ledger.item(0), None).unwrap();
-    queue.put(ledger.item(1), None).unwrap();
-    let failing = queue.try_get(None).unwrap();
-    let slow = queue.try_get(None).unwrap();
-    failing.fail();
-    queue.mark_failed("boom".to_owned()).unwrap();
+    let slow = fail_first_of_two_inflight(&ledger, &queue);
     let raisers: Vec<_> = (0..3)
         .map(|i| {
             let queue = Arc::clone(&queue);
@@ -196,11 +198,7 @@ fn an_error_releases_a_put_blocked_on_a_full_queue() {
 fn a_wait_cut_short_while_raising_leaves_the_error_pending() {
     let ledger = Ledger::new(2);
     let queue = Queue::new(8);
-    queue.put(ledger.item(0), None).unwrap();
-    queue.put(ledger.item(1), None).unwrap();
-    let (a, b) = (queue.try_get(None).unwrap(), queue.try_get(None).unwrap());
-    a.fail();
-    queue.mark_failed("boom".to_owned()).unwrap();
+    let b = fail_first_of_two_inflight(&ledger, &queue);
     assert!(
         !queue.wait(Some(Duration::from_millis(20))).unwrap(),
         "b is still inflight"
