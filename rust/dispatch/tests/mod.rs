@@ -127,6 +127,15 @@ pub(super) fn schedule_raising_every(
         .collect()
 }
 
+/// Whether every link has reached its worker.
+pub(super) fn all_up(dispatcher: &Dispatcher) -> bool {
+    dispatcher
+        .metrics()
+        .workers
+        .iter()
+        .all(|w| w.state.label() == "up")
+}
+
 /// `join` with a deadline, expected to report everything done.
 pub(super) fn join(dispatcher: &Dispatcher) {
     let mut policy = crate::queue::WaitPolicy::until(deadline());

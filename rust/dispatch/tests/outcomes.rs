@@ -35,13 +35,7 @@ fn closures_return_their_values_and_each_worker_gets_the_function_once() {
         (0, 0, 0)
     );
     assert_eq!(metrics.latency.count, 40);
-    wait_until("both links reached their workers", || {
-        dispatcher
-            .metrics()
-            .workers
-            .iter()
-            .all(|w| w.state.label() == "up")
-    });
+    wait_until("both links reached their workers", || all_up(&dispatcher));
 }
 
 #[test]

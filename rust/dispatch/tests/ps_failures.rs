@@ -6,14 +6,6 @@ use super::*;
 use crate::dispatch::{DispatchError, ErrorPolicy, FailureKind};
 use crate::queue::WaitPolicy;
 
-fn all_up(dispatcher: &Dispatcher) -> bool {
-    dispatcher
-        .metrics()
-        .workers
-        .iter()
-        .all(|w| w.state.label() == "up")
-}
-
 #[test]
 fn failures_below_the_threshold_are_retried_and_the_closure_ends_with_its_value() {
     let cluster = FakeCluster::new(2);
