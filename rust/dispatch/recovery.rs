@@ -213,11 +213,10 @@ impl<T: WorkerTransport> Link<T> {
     }
 }
 
-/// Whether an RPC error is a definite answer from a live worker (so it is reachable).
 /// A port that accepts connections and then hangs up on every probe for the whole
 /// recovery bound is not a crashed worker (that refuses connections): it is most often a
-/// TLS/plaintext mismatch, whose raw error ("broken pipe", "connection reset", "connection closed") depends on
-/// which side noticed first and names neither TLS nor the fix.
+/// TLS/plaintext mismatch, whose raw error ("broken pipe", "connection reset", "connection
+/// closed") depends on which side noticed first and names neither TLS nor the fix.
 fn hang_up_hint(error: &str) -> Option<&'static str> {
     let hung_up = [
         "broken pipe",
@@ -234,6 +233,7 @@ fn hang_up_hint(error: &str) -> Option<&'static str> {
     )
 }
 
+/// Whether an RPC error is a definite answer from a live worker (so it is reachable).
 fn reachable(error: &RpcError) -> bool {
     matches!(
         error,
