@@ -169,12 +169,7 @@ impl<T: WorkerTransport> Link<T> {
             return;
         }
         match self.prepare(&closure) {
-            Ok(()) => {
-                self.send(vec![closure]);
-                if !self.pipeline.outstanding.is_empty() {
-                    self.top_up();
-                }
-            }
+            Ok(()) => self.send_with_top_up(vec![closure]),
             Err(verdict) => self.settle(closure, verdict),
         }
     }

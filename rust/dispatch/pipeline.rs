@@ -150,8 +150,16 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Sends as many queued closures as the pipelining rule allows, in one message.
     pub(super) fn top_up(&mut self) {
+        self.send_with_top_up(Vec::new());
+    }
+
+    /// Sends `batch` (closures already taken and prepared for this worker) together with
+    /// as many queued closures as the pipelining rule allows, in one message. Gathering
+    /// before sending means that once the worker has a closure, this link is done taking
+    /// from the queue until its next answer: nothing queued after the worker started can
+    /// slip into this link's pipeline.
+    pub(super) fn send_with_top_up(&mut self, mut batch: Vec<Closure>) {
         let capacity = self.capacity();
-        let mut batch = Vec::new();
         while self.held.is_none()
             && self.pipeline.outstanding.len() + batch.len() < capacity
             && self.may_pipeline()
