@@ -1,9 +1,11 @@
 # jaxcluster developer targets. `make help` lists them.
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
+# `--release` makes `cargo test` share the release wheel's build (what .ci/run does).
+CARGO_PROFILE ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-rust test-python lint fmt bench bench-rust bench-python wheel
+.PHONY: help install demo test check test-rust test-python lint fmt bench bench-rust bench-python wheel
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -14,12 +16,15 @@ install: ## Build the wheel with maturin (release) and install it
 demo: install ## Install, then run the demo on a local cluster
 	$(PYTHON) -m jaxcluster demo
 
-test: ## Install with test extras (real wheel), then run cargo test and pytest
+test: ## What CI runs: fresh virtualenvs (newest and lowest dependencies), lint, cargo test, pytest
+	bash .ci/run
+
+check: ## Quick: install into this environment with test extras, then cargo test and pytest
 	$(PIP) install '.[test]'
 	$(MAKE) test-rust test-python
 
 test-rust: ## Rust unit, property and stress tests of the core (no interpreter needed)
-	cargo test --all-targets
+	cargo test $(CARGO_PROFILE) --all-targets
 
 test-python: ## Python tests against the installed package
 	$(PYTHON) -m pytest -q

@@ -306,8 +306,9 @@ def test_in_cluster_without_service_account_files_says_where_it_looked(
 def test_override_client_is_used_without_loading_any_config(api: FakeKubernetesAPI) -> None:
     # KUBECONFIG points at a missing file (fixture): loading it would raise.
     configuration = client.Configuration(host=api.url)
-    configuration.api_key = {"BearerToken": TOKEN}
-    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    # Clients up to 28 read the "authorization" key, later ones "BearerToken".
+    configuration.api_key = {"authorization": TOKEN, "BearerToken": TOKEN}
+    configuration.api_key_prefix = {"authorization": "Bearer", "BearerToken": "Bearer"}
     api.add_pod("tf-0", {"job-name": "tensorflow"}, pod_ip="10.0.0.8")
 
     resolver = KubernetesClusterResolver(

@@ -40,9 +40,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import cloudpickle
-
 from jaxcluster import errors
+from jaxcluster._source_code import SourcePickler
+from jaxcluster._source_code import dumps as _dumps_function
 
 __all__ = [
     "PICKLE_PROTOCOL",
@@ -118,7 +118,7 @@ class _Pickler(pickle.Pickler):
         return _jax_to_numpy(obj, self._jax_array)
 
 
-class _CloudPickler(cloudpickle.CloudPickler):
+class _CloudPickler(SourcePickler):
     def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]) -> None:
         super().__init__(file, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
         self._jax_array = _jax_array_type()
@@ -324,7 +324,7 @@ def function_payload(fn: Callable[..., Any]) -> FunctionPayload:
         raise TypeError(
             f"expected a callable to send to workers, got {type(fn).__qualname__}: {fn!r}"
         )
-    return FunctionPayload.of("cloudpickle", cloudpickle.dumps(fn, protocol=PICKLE_PROTOCOL))
+    return FunctionPayload.of("cloudpickle", _dumps_function(fn))
 
 
 def export_jax(

@@ -107,7 +107,9 @@ class PodLister:
     def list(self, selector: str, namespace: str | None) -> list[PodInfo]:
         kwargs: dict[str, Any] = {"label_selector": selector}
         if self.timeout is not None:
-            kwargs["_request_timeout"] = self.timeout
+            # A (connect, read) pair: clients before 29 ignore a float timeout silently
+            # (they only honour an int or a pair), so 0.3 s would have meant no timeout.
+            kwargs["_request_timeout"] = (self.timeout, self.timeout)
         try:
             if namespace:
                 result = self.api.list_namespaced_pod(namespace, **kwargs)

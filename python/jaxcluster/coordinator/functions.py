@@ -31,9 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
-
-from jaxcluster import wire
+from jaxcluster import _source_code, wire
 
 __all__ = [
     "KIND_CLOUDPICKLE",
@@ -269,7 +267,7 @@ class FunctionSerializer:
 
 def _dumps(fn: Callable[..., Any]) -> bytes:
     try:
-        return cloudpickle.dumps(fn, protocol=wire.PICKLE_PROTOCOL)
+        return _source_code.dumps(fn)
     except Exception as exc:
         raise TypeError(
             f"cannot send {getattr(fn, '__qualname__', type(fn).__qualname__)} to the "
