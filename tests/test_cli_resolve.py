@@ -95,7 +95,8 @@ def test_env_output_evals_in_a_shell_for_slurm() -> None:
         "task": {"type": "worker", "index": 3},
         "rpc_layer": "grpc",
     }
-    assert (coordinator, num, pid) == ("gpu09:8888", "4", "3")
+    # The coordinator port is the one jax.distributed derives from SLURM_JOB_ID=42.
+    assert (coordinator, num, pid) == (f"gpu09:{42 % 4096 + 61440}", "4", "3")
 
 
 def test_explain_output_shows_provenance() -> None:
@@ -105,6 +106,8 @@ def test_explain_output_shows_provenance() -> None:
     assert "* slurm" in text and "- tf_config   TF_CONFIG is not set" in text
     assert "task_id=3 from SLURM_PROCID=3" in text
     assert "Chosen: slurm (first environment detected), resolver SlurmClusterResolver" in text
+    assert "rpc_layer='grpc' from the SlurmClusterResolver default" in text
+    assert "coordinator port from SLURM_JOB_ID=42" in text
 
 
 def test_environment_flag_picks_a_later_environment() -> None:

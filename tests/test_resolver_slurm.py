@@ -104,7 +104,22 @@ def test_expand_tasks_per_node_rejects_bad_input(text):
         expand_tasks_per_node(text)
 
 
-def _slurm(monkeypatch, *, rank, nodes, per_node, num_tasks, gpus="0,1,2,3"):
+_PLACEMENT_AND_GPU_VARIABLES = (
+    "SLURM_DISTRIBUTION",
+    "SLURM_DIST_PLANESIZE",
+    "SLURMD_NODENAME",
+    "SLURM_LOCALID",
+    "SLURM_GTIDS",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_GPUS",
+    "SLURM_JOB_GPUS",
+    "JAX_COORDINATOR_PORT",
+)
+
+
+def _slurm(monkeypatch, *, rank, nodes, per_node, num_tasks, gpus=None):
+    for name in _PLACEMENT_AND_GPU_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_PROCID", str(rank))
     monkeypatch.setenv("SLURM_STEP_NODELIST", nodes)
     monkeypatch.setenv("SLURM_STEP_TASKS_PER_NODE", per_node)
@@ -127,14 +142,16 @@ def test_ranks_follow_nodelist_order_not_name_order(monkeypatch):
 
 
 def test_gpus_split_per_task_and_written_to_environment(monkeypatch):
+    # No binding from Slurm: TF's formula splits the node's GPUs by the task's slot.
     _slurm(monkeypatch, rank=3, nodes="n[1-2]", per_node="2(x2)", num_tasks=4)
-    resolver = SlurmClusterResolver()
+    resolver = SlurmClusterResolver(gpus_per_node=4)
+    assert resolver.gpu_binding is None
     assert resolver.num_accelerators() == {"GPU": 2}
     resolver.cluster_spec()
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "untouched")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     SlurmClusterResolver(gpus_per_node=4, auto_set_gpu=False).cluster_spec()
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == "untouched"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
 
 
 def test_jobs_take_ranks_in_sorted_name_order(monkeypatch):
@@ -168,7 +185,10 @@ def test_zero_gpus(monkeypatch):
     resolver.cluster_spec()
     assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
     _slurm(monkeypatch, rank=1, nodes="n1", per_node="2", num_tasks=2)
-    assert SlurmClusterResolver(gpus_per_node=0).num_accelerators() == {"GPU": 0}
+    resolver = SlurmClusterResolver(gpus_per_node=0)
+    assert resolver.num_accelerators() == {"GPU": 0}
+    resolver.cluster_spec()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
 
 
 @pytest.mark.parametrize(

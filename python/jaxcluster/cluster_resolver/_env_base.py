@@ -104,16 +104,16 @@ def construct(
     kwargs = dict(defaults)
     kwargs.update({k: v for k, v in overrides.items() if k in params or accepts_any})
     resolver = factory(**kwargs)
-    for name in TASK_ATTRIBUTES:
-        if name in overrides:
-            setattr(resolver, name, overrides[name])
-    sources.setdefault("rpc_layer", f"default of {name}")
+    for attribute in TASK_ATTRIBUTES:
+        if attribute in overrides:
+            setattr(resolver, attribute, overrides[attribute])
+    sources.setdefault("rpc_layer", f"the {name} default")
     shaping = []
-    for name, value in overrides.items():
-        if name in TASK_ATTRIBUTES:
-            sources[name] = f"override {name}={value!r}"
+    for key, value in overrides.items():
+        if key in TASK_ATTRIBUTES:
+            sources[key] = f"override {key}={value!r}"
         else:
-            shaping.append(f"{name}={value!r}")
+            shaping.append(f"{key}={value!r}")
     if shaping:
         sources["cluster"] = f"{sources.get('cluster', '?')}, with override {', '.join(shaping)}"
     return Built(resolver, sources)

@@ -13,7 +13,7 @@ import os
 import re
 from typing import Any
 
-from jaxcluster.cluster_resolver._bridge import distributed_args
+from jaxcluster.cluster_resolver._bridge import JAX_COORDINATOR_PORT_ENV, distributed_args
 from jaxcluster.cluster_resolver._env_base import (
     Built,
     Detection,
@@ -85,6 +85,15 @@ class TFConfigEnvironment(Environment):
         return construct(self, TFConfigClusterResolver, {}, overrides, sources)
 
 
+def _ompi_launcher() -> str:
+    """How Open MPI's mpirun shows in this process's environment, or ``''``."""
+    if os.environ.get(ORTE_URI_ENV, "").strip():
+        return f"{ORTE_URI_ENV} is set (started by mpirun)"
+    if not _missing(("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")):
+        return "OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE are set (started by mpirun)"
+    return ""
+
+
 class SlurmEnvironment(Environment):
     """An ``srun`` job step: SlurmClusterResolver."""
 
@@ -99,6 +108,16 @@ class SlurmEnvironment(Environment):
 
     def detect(self) -> Detection:
         missing = _missing(self.required)
+        launcher = _ompi_launcher()
+        if not missing and launcher:
+            # mpirun inside an allocation starts its ranks through srun, one launcher daemon
+            # per node: the step these variables describe is the daemons', not the ranks'.
+            return Detection(
+                False,
+                f"SLURM_PROCID and the step variables are set, but {launcher}: this process "
+                "is an Open MPI rank inside a Slurm allocation, so the ompi environment "
+                "describes it (as in JAX)",
+            )
         if not missing:
             return Detection(
                 True,
@@ -118,15 +137,27 @@ class SlurmEnvironment(Environment):
         from jaxcluster.cluster_resolver.slurm import SlurmClusterResolver
 
         rank = os.environ.get("SLURM_PROCID")
+        distribution = os.environ.get("SLURM_DISTRIBUTION")
+        placed = (
+            f"placed by SLURM_DISTRIBUTION={distribution!r}"
+            if distribution
+            else "placed block by block (SLURM_DISTRIBUTION unset)"
+        )
         sources = {
             "cluster": (
                 f"SLURM_STEP_NODELIST={os.environ.get('SLURM_STEP_NODELIST')!r} and "
                 f"SLURM_STEP_TASKS_PER_NODE={os.environ.get('SLURM_STEP_TASKS_PER_NODE')!r}, "
-                "ports from port_base"
+                f"{placed}, ports from port_base"
             ),
             "task_type": f"SLURM_PROCID={rank} (ranks fill jobs in sorted name order)",
             "task_id": f"SLURM_PROCID={rank}",
         }
+        job_id = os.environ.get("SLURM_JOB_ID", "").strip()
+        if job_id and not os.environ.get(JAX_COORDINATOR_PORT_ENV):
+            sources["jax_distributed_args"] = (
+                f"cluster_spec and task; coordinator port from SLURM_JOB_ID={job_id} as "
+                "jax.distributed derives it (job id % 4096 + 61440)"
+            )
         return construct(self, SlurmClusterResolver, {}, overrides, sources)
 
 

@@ -9,7 +9,22 @@ from typing import Any
 from jaxcluster.cluster_resolver._env_base import Built
 from jaxcluster.cluster_resolver.base import ClusterResolver
 
-__all__ = ["EnvironmentCheck", "Explanation", "ResolvedValue", "explain_built"]
+__all__ = [
+    "EnvironmentCheck",
+    "Explanation",
+    "ResolvedValue",
+    "explain_built",
+    "public_class_name",
+]
+
+
+def public_class_name(obj: object) -> str:
+    """The name of the first class of ``obj`` a user can import: an environment's private
+    helper subclass is reported as the public resolver it extends."""
+    for cls in type(obj).__mro__:
+        if not cls.__name__.startswith("_"):
+            return cls.__name__
+    return type(obj).__name__  # pragma: no cover - object itself is public
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,7 @@ class Explanation:
         return {
             "environment": self.environment,
             "why": self.why,
-            "resolver": type(self.resolver).__name__ if self.resolver is not None else None,
+            "resolver": public_class_name(self.resolver) if self.resolver is not None else None,
             "checks": [c.as_dict() for c in self.checks],
             "values": {v.name: v.as_dict() for v in self.values},
             "error": self.error,
@@ -91,7 +106,7 @@ class Explanation:
             mark = "*" if check.chosen else ("+" if check.detected else "-")
             lines.append(f"  {mark} {check.name:<11} {check.reason}")
         if self.environment is not None:
-            resolver = type(self.resolver).__name__ if self.resolver is not None else "?"
+            resolver = public_class_name(self.resolver) if self.resolver is not None else "?"
             lines.append(f"Chosen: {self.environment} ({self.why}), resolver {resolver}")
         if self.values:
             lines.append("Resolved values:")
@@ -125,7 +140,9 @@ def explain_built(
     values.append(
         _attempt(
             "jax_distributed_args",
-            "cluster_spec and task (chief first, then jobs in order)",
+            sources.get(
+                "jax_distributed_args", "cluster_spec and task (chief first, then jobs in order)"
+            ),
             resolver.jax_distributed_args,
         )
     )

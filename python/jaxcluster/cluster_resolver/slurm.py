@@ -1,9 +1,19 @@
 """``SlurmClusterResolver``: the tasks of a Slurm job step (``srun``).
 
 Slurm hands every task its rank (``SLURM_PROCID``), the step's nodes (``SLURM_STEP_NODELIST``)
-and how many tasks run on each (``SLURM_STEP_TASKS_PER_NODE``). Ranks are laid out the way
-Slurm's default block distribution places them: node by node in node-list order, each node's
-tasks on consecutive ports from ``port_base``. Ranks then go to jobs in sorted job-name order.
+and how many tasks run on each (``SLURM_STEP_TASKS_PER_NODE``). Ranks go to nodes the way
+the step's ``--distribution`` (``SLURM_DISTRIBUTION``: block by default, cyclic or plane)
+placed them; each node's tasks take consecutive ports from ``port_base`` in rank order, and
+the layout is checked against where Slurm says this task runs (``SLURMD_NODENAME``,
+``SLURM_LOCALID``, ``SLURM_GTIDS``). Ranks then go to jobs in sorted job-name order.
+
+GPUs: when Slurm has bound GPUs to the task (``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``
+or ``SLURM_JOB_GPUS`` is set, e.g. under ``srun --gpus-per-task``) that binding stands;
+otherwise, as TF does, each task on a node gets its own slice of the node's GPUs.
+
+``jax_distributed_args`` puts the ``jax.distributed`` coordinator on the first task's node
+at the port JAX itself derives from ``SLURM_JOB_ID``, so two jobs sharing a first node do
+not collide.
 """
 
 from __future__ import annotations
@@ -13,13 +23,23 @@ import subprocess
 from collections.abc import Mapping
 from typing import Any
 
+from jaxcluster.cluster_resolver._bridge import JAX_COORDINATOR_PORT_ENV
 from jaxcluster.cluster_resolver._hostlist import expand_hostlist, expand_tasks_per_node
+from jaxcluster.cluster_resolver._slurm_layout import (
+    Distribution,
+    check_placement,
+    distribution_from_env,
+    place,
+)
 from jaxcluster.cluster_resolver.base import ClusterResolver, format_master_url
 from jaxcluster.cluster_spec import ClusterSpec
 
 __all__ = [
     "CUDA_VISIBLE_DEVICES_ENV",
+    "SLURM_JOB_GPUS_ENV",
+    "SLURM_JOB_ID_ENV",
     "SLURM_PROCID_ENV",
+    "SLURM_STEP_GPUS_ENV",
     "SLURM_STEP_NODELIST_ENV",
     "SLURM_STEP_NUM_TASKS_ENV",
     "SLURM_STEP_TASKS_PER_NODE_ENV",
@@ -27,6 +47,7 @@ __all__ = [
     "expand_hostlist",
     "expand_tasks_per_node",
     "get_num_gpus",
+    "jax_coordinator_port",
 ]
 
 SLURM_PROCID_ENV = "SLURM_PROCID"
@@ -34,6 +55,14 @@ SLURM_STEP_NUM_TASKS_ENV = "SLURM_STEP_NUM_TASKS"
 SLURM_STEP_NODELIST_ENV = "SLURM_STEP_NODELIST"
 SLURM_STEP_TASKS_PER_NODE_ENV = "SLURM_STEP_TASKS_PER_NODE"
 CUDA_VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
+SLURM_STEP_GPUS_ENV = "SLURM_STEP_GPUS"
+SLURM_JOB_GPUS_ENV = "SLURM_JOB_GPUS"
+SLURM_JOB_ID_ENV = "SLURM_JOB_ID"
+# Where a GPU binding made before this process started shows, most specific first.
+_GPU_BINDING_ENVS = (CUDA_VISIBLE_DEVICES_ENV, SLURM_STEP_GPUS_ENV, SLURM_JOB_GPUS_ENV)
+# JAX's choice for Slurm jobs: one of the top 4096 ports, by job id.
+_JAX_PORT_SPAN = 4096
+_JAX_PORT_FIRST = 65536 - _JAX_PORT_SPAN
 
 # nvidia-smi can hang on a wedged driver; a resolver must not.
 _NVIDIA_SMI_TIMEOUT_S = 20.0
@@ -91,6 +120,29 @@ def get_num_gpus() -> int:
     return _nvidia_smi_gpus()
 
 
+def _gpu_binding() -> tuple[str, int] | None:
+    """``(variable, GPUs it gives this task)`` when the GPUs were chosen before we ran."""
+    for name in _GPU_BINDING_ENVS:
+        value = os.environ.get(name)
+        if value is not None:
+            return name, _count_visible(value)
+    return None
+
+
+def jax_coordinator_port(job_id: int | str) -> int:
+    """The port ``jax.distributed`` picks for Slurm job ``job_id`` (one of 61440..65535).
+
+    Example::
+
+        >>> jax_coordinator_port(5)
+        61445
+    """
+    text = str(job_id).strip()
+    if isinstance(job_id, bool) or not text.isdigit():
+        raise ValueError(f"{SLURM_JOB_ID_ENV} is {job_id!r}; expected a non-negative integer")
+    return int(text) % _JAX_PORT_SPAN + _JAX_PORT_FIRST
+
+
 def _non_negative_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"{what} is {value!r}; expected a non-negative integer")
@@ -108,6 +160,8 @@ class SlurmClusterResolver(ClusterResolver):
     Constructor arguments as ``tf.distribute.cluster_resolver.SlurmClusterResolver``. Unlike
     TF, ranks go to nodes in ``SLURM_STEP_NODELIST`` order (or ``tasks_per_node``'s order when
     it is a dict) rather than sorted by name, so ``n9,n10`` matches Slurm's own placement;
+    ``--distribution=cyclic`` and ``plane=N`` steps are laid out as Slurm laid them out
+    (``arbitrary`` is a ``ValueError``); GPUs Slurm bound to the task are left as they are;
     ``CUDA_VISIBLE_DEVICES=''`` means no GPUs and ``gpus_per_node=0`` is allowed.
 
     Example (inside ``srun -N2 --ntasks-per-node=2``)::
@@ -137,6 +191,7 @@ class SlurmClusterResolver(ClusterResolver):
         self._jobs = {str(job): _non_negative_int(n, f"jobs[{job!r}]") for job, n in jobs.items()}
         self._port_base = _non_negative_int(port_base, "port_base")
         self._task_configuration = self._resolve_task_configuration(tasks_per_node)
+        self._distribution = distribution_from_env()
 
         counts = list(self._task_configuration.values())
         max_tasks_per_node = max(counts)
@@ -146,6 +201,46 @@ class SlurmClusterResolver(ClusterResolver):
                 f"port_base {self._port_base} + {max_tasks_per_node} tasks on one node "
                 "passes port 65535; expected a lower port_base"
             )
+        self._gpu_binding = _gpu_binding()
+        self._set_gpus(gpus_per_node, gpus_per_task, max_tasks_per_node)
+        if sum(self._jobs.values()) != num_tasks:
+            raise RuntimeError(
+                f"jobs {self._jobs} need {sum(self._jobs.values())} tasks but the step has "
+                f"{num_tasks} ({self._task_configuration}); make the job sizes add up to "
+                "the number of Slurm tasks"
+            )
+        if self._rank >= num_tasks:
+            raise ValueError(
+                f"{SLURM_PROCID_ENV} is {self._rank}; expected a rank below the step's "
+                f"{num_tasks} tasks"
+            )
+        self._layout = place(self._task_configuration, self._distribution)
+        if tasks_per_node is None:  # the layout claims to be Slurm's: hold it to that
+            check_placement(
+                self._layout,
+                self._rank,
+                f"{SLURM_STEP_NODELIST_ENV}={os.environ[SLURM_STEP_NODELIST_ENV]!r}, "
+                f"{SLURM_STEP_TASKS_PER_NODE_ENV}={os.environ[SLURM_STEP_TASKS_PER_NODE_ENV]!r}"
+                f" and the {self._distribution} distribution",
+            )
+        self._auto_set_gpu = auto_set_gpu
+        self._rpc_layer = rpc_layer
+        self._task_type = None
+        self._task_id = None
+
+    def _set_gpus(
+        self, gpus_per_node: int | None, gpus_per_task: int | None, max_tasks_per_node: int
+    ) -> None:
+        if self._gpu_binding is not None:
+            # Slurm (or the launcher) already chose this task's GPUs: report what it sees.
+            _, bound = self._gpu_binding
+            self._gpus_per_node = _non_negative_int(
+                bound if gpus_per_node is None else gpus_per_node, "gpus_per_node"
+            )
+            self._gpus_per_task = _non_negative_int(
+                bound if gpus_per_task is None else gpus_per_task, "gpus_per_task"
+            )
+            return
         if gpus_per_node is None:
             gpus_per_node = get_num_gpus()
         self._gpus_per_node = _non_negative_int(gpus_per_node, "gpus_per_node")
@@ -158,21 +253,6 @@ class SlurmClusterResolver(ClusterResolver):
                 f"{max_tasks_per_node} tasks on a node, but a node has {self._gpus_per_node} "
                 "GPUs; lower gpus_per_task or tasks per node"
             )
-        if sum(self._jobs.values()) != num_tasks:
-            raise RuntimeError(
-                f"jobs {self._jobs} need {sum(self._jobs.values())} tasks but the step has "
-                f"{num_tasks} ({self._task_configuration}); make the job sizes add up to "
-                "the number of Slurm tasks"
-            )
-        if self._rank >= num_tasks:
-            raise ValueError(
-                f"{SLURM_PROCID_ENV} is {self._rank}; expected a rank below the step's "
-                f"{num_tasks} tasks"
-            )
-        self._auto_set_gpu = auto_set_gpu
-        self._rpc_layer = rpc_layer
-        self._task_type = None
-        self._task_id = None
 
     def _resolve_task_configuration(
         self, tasks_per_node: int | Mapping[str, int] | None
@@ -209,15 +289,21 @@ class SlurmClusterResolver(ClusterResolver):
             )
         return config
 
-    def _allocate(self) -> tuple[dict[str, list[str]], list[str], dict[int, tuple[str, int]]]:
-        """Jobs' addresses, each rank's GPU ids, and each rank's (job, index)."""
-        addresses: list[str] = []
-        gpus: list[str] = []
-        for host, count in self._task_configuration.items():
-            for local in range(count):
-                addresses.append(f"{host}:{self._port_base + local}")
-                first = local * self._gpus_per_task
-                gpus.append(",".join(str(g) for g in range(first, first + self._gpus_per_task)))
+    @property
+    def distribution(self) -> Distribution:
+        """How this step's ranks were placed on its nodes (from ``SLURM_DISTRIBUTION``)."""
+        return self._distribution
+
+    @property
+    def gpu_binding(self) -> str | None:
+        """The variable through which GPUs were bound to this task before it started
+        (``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS`` or ``SLURM_JOB_GPUS``), or ``None``
+        when the resolver assigns them."""
+        return None if self._gpu_binding is None else self._gpu_binding[0]
+
+    def _allocate(self) -> tuple[dict[str, list[str]], dict[int, tuple[str, int]]]:
+        """Jobs' addresses and each rank's (job, index)."""
+        addresses = [f"{host}:{self._port_base + local}" for host, local in self._layout]
         jobs: dict[str, list[str]] = {}
         tasks: dict[int, tuple[str, int]] = {}
         start = 0
@@ -225,13 +311,19 @@ class SlurmClusterResolver(ClusterResolver):
             jobs[job] = addresses[start : start + count]
             tasks.update({start + i: (job, i) for i in range(count)})
             start += count
-        return jobs, gpus, tasks
+        return jobs, tasks
+
+    def _own_gpus(self) -> str:
+        """TF's share of the node's GPUs for this rank: a slice by its slot on the node."""
+        first = self._layout[self._rank][1] * self._gpus_per_task
+        return ",".join(str(g) for g in range(first, first + self._gpus_per_task))
 
     def cluster_spec(self) -> ClusterSpec:
-        """The step's jobs; also sets ``CUDA_VISIBLE_DEVICES`` when ``auto_set_gpu``."""
-        jobs, gpus, _ = self._allocate()
-        if self._auto_set_gpu:
-            os.environ[CUDA_VISIBLE_DEVICES_ENV] = gpus[self._rank]
+        """The step's jobs; also sets ``CUDA_VISIBLE_DEVICES`` when ``auto_set_gpu`` and
+        Slurm has not bound GPUs to this task itself."""
+        jobs, _ = self._allocate()
+        if self._auto_set_gpu and self._gpu_binding is None:
+            os.environ[CUDA_VISIBLE_DEVICES_ENV] = self._own_gpus()
         return ClusterSpec(jobs)
 
     @property
@@ -239,7 +331,7 @@ class SlurmClusterResolver(ClusterResolver):
         """The job this rank belongs to (unless set explicitly)."""
         if self._task_type is not None:
             return self._task_type
-        return self._allocate()[2][self._rank][0]
+        return self._allocate()[1][self._rank][0]
 
     @task_type.setter
     def task_type(self, task_type: str | None) -> None:
@@ -250,7 +342,7 @@ class SlurmClusterResolver(ClusterResolver):
         """This rank's index within its job (unless set explicitly)."""
         if self._task_id is not None:
             return self._task_id
-        return self._allocate()[2][self._rank][1]
+        return self._allocate()[1][self._rank][1]
 
     @task_id.setter
     def task_id(self, task_id: int | None) -> None:
@@ -280,6 +372,19 @@ class SlurmClusterResolver(ClusterResolver):
         task_id: int | None = None,
         config_proto: Any = None,
     ) -> dict[str, int]:
-        """``{'GPU': gpus_per_task}``, as TF: every task gets the same share."""
+        """``{'GPU': n}``: the GPUs Slurm bound to this task, else ``gpus_per_task`` (as TF,
+        every task gets the same share)."""
         del task_type, task_id, config_proto
         return {"GPU": self._gpus_per_task}
+
+    def jax_distributed_args(self, coordinator_port: int | str | None = None) -> dict[str, Any]:
+        """As :meth:`ClusterResolver.jax_distributed_args`, with JAX's own port for Slurm:
+        ``SLURM_JOB_ID % 4096 + 61440`` on the first task's node, unless ``coordinator_port``
+        or ``JAX_COORDINATOR_PORT`` says otherwise (so two jobs sharing a node never bind
+        the same coordinator port, and a job agrees with ``jax.distributed`` detecting Slurm
+        itself).
+        """
+        job_id = os.environ.get(SLURM_JOB_ID_ENV, "").strip()
+        if coordinator_port is None and not os.environ.get(JAX_COORDINATOR_PORT_ENV) and job_id:
+            coordinator_port = jax_coordinator_port(job_id)
+        return super().jax_distributed_args(coordinator_port)
