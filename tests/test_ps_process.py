@@ -150,9 +150,29 @@ def test_from_resolver_takes_index_and_port_from_the_cluster() -> None:
     }
     with running(["--from-resolver", "explicit"], **cluster) as ps:
         address = ps.listening()
-        assert address == f"0.0.0.0:{ports[1]}"
+        assert address == f"127.0.0.1:{ports[1]}"  # the host the cluster spec advertises
         status = core.PsClient(f"127.0.0.1:{ports[1]}", auth_token="tok").get_status()
         assert status["ps_index"] == 1
+
+
+def test_from_resolver_tasks_on_one_machine_share_a_port_under_distinct_hosts() -> None:
+    # Two "nodes" of one machine (127.0.0.2 and 127.0.0.3), one port: each task binds the
+    # host its cluster spec advertises, so neither takes the other's address.
+    port = free_port()
+    cluster = {
+        "JAXCLUSTER_WORKERS": "127.0.0.1:1",
+        "JAXCLUSTER_PS": f"127.0.0.2:{port},127.0.0.3:{port}",
+        "JAXCLUSTER_TASK_TYPE": "ps",
+    }
+    with (
+        running(["--from-resolver", "explicit"], **cluster, JAXCLUSTER_TASK_ID="0") as first,
+        running(["--from-resolver", "explicit"], **cluster, JAXCLUSTER_TASK_ID="1") as second,
+    ):
+        assert first.listening() == f"127.0.0.2:{port}"
+        assert second.listening() == f"127.0.0.3:{port}"
+        for index, host in enumerate(("127.0.0.2", "127.0.0.3")):
+            status = core.PsClient(f"{host}:{port}", auth_token="tok").get_status()
+            assert status["ps_index"] == index
 
 
 def test_from_resolver_refuses_a_task_of_another_job() -> None:

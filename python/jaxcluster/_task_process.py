@@ -64,7 +64,8 @@ def add_task_arguments(
         "--from-resolver",
         metavar="NAME",
         default=None,
-        help="take the index (and, without --address, the port) from "
+        help="take the index (and, without --address, the host:port to bind: the address "
+        "the cluster spec gives this task) from "
         f"jaxcluster.cluster_resolver.resolve(environment=NAME), e.g. {example_environment!r}",
     )
     parser.add_argument(
@@ -166,10 +167,10 @@ def _own_task(name: str, job: str) -> tuple[str, int]:
         )
     # Without a job of our name the launch holds one role only (e.g. one srun step per
     # role), so the job the resolver names is this one.
-    address = spec.task_address(task_type or job, task_id)
-    port = address.rsplit(":", 1)[-1]
-    # The resolved host is how others reach us; listen on every interface at that port.
-    return f"0.0.0.0:{port}", int(task_id)
+    # Listen where the cluster spec says others reach us, not on every interface: tasks
+    # sharing a machine under distinct host names then never collide on a port, and
+    # nothing listens on an interface the cluster does not use. --address overrides.
+    return spec.task_address(task_type or job, task_id), int(task_id)
 
 
 def _from_resolver(name: str, timeout: float, job: str, prog: str) -> tuple[str, int]:

@@ -33,6 +33,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "detect the cluster this process is in and print it (json, env or explain)",
     ),
     "demo": ("jaxcluster.commands.demo", "train a small JAX model on a local cluster"),
+    "tls": (
+        "jaxcluster.commands.tls",
+        "make a private CA (make-ca) and server certificates (issue) for TLS",
+    ),
 }
 
 

@@ -7,6 +7,7 @@ closure's result cell, which :class:`RemoteValue` waits on with the GIL released
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -14,7 +15,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from jaxcluster._auth import auth_token_from_env
+from jaxcluster._auth import auth_token_from_env, warn_if_token_in_clear
 from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
 from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunction
@@ -27,6 +28,7 @@ __all__ = ["ClusterCoordinator"]
 _ERROR_POLICIES = ("cancel_all", "per_closure")
 # How long the workers' JAX platforms are trusted before asking the dispatcher again.
 _PLATFORMS_TTL_SECONDS = 5.0
+_log = logging.getLogger("jaxcluster.coordinator")
 
 
 def _resolver_and_token(source: Any) -> tuple[Any, str | None]:
@@ -135,6 +137,7 @@ class ClusterCoordinator:
         self._cluster_resolver = resolver
         from jaxcluster._native import core
 
+        warn_if_token_in_clear(self._addresses, token, ca, _log, "workers")
         self._dispatcher = core.Dispatcher(
             self._addresses,
             auth_token=token,

@@ -7,6 +7,7 @@ inherited connections are unusable) builds its own.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
@@ -16,6 +17,7 @@ __all__ = ["PS_CALL_TIMEOUT", "client_for", "default_tls_ca", "default_token"]
 #: Seconds one variable operation may take before it fails with DeadlineExceededError.
 PS_CALL_TIMEOUT = 60.0
 
+_log = logging.getLogger("jaxcluster.strategy")
 _lock = threading.Lock()
 _clients: dict[tuple[int, str, str | None, bytes | None], Any] = {}
 
@@ -43,8 +45,10 @@ def client_for(address: str, token: str | None, tls_ca: bytes | None = None) -> 
     with _lock:
         client = _clients.get(key)
         if client is None:
+            from jaxcluster._auth import warn_if_token_in_clear
             from jaxcluster._native import core
 
+            warn_if_token_in_clear([address], token, tls_ca, _log, "ps task")
             client = core.PsClient(
                 address, auth_token=token, timeout=PS_CALL_TIMEOUT, tls_ca=tls_ca
             )
