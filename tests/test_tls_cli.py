@@ -134,9 +134,11 @@ def test_a_coordinator_warns_once_when_its_workers_are_off_loopback_without_tls(
     monkeypatch.setattr("jaxcluster._auth._is_loopback", lambda address: False)
     with running_worker([], token=TOKEN) as worker:
         resolver = SimpleClusterResolver(ClusterSpec({"worker": [worker.address]}))
-        with caplog.at_level(logging.WARNING, logger="jaxcluster"):
-            with ClusterCoordinator(resolver, auth_token=TOKEN) as coordinator:
-                assert coordinator.fetch(coordinator.schedule(lambda: 2)) == 2
+        with (
+            caplog.at_level(logging.WARNING, logger="jaxcluster"),
+            ClusterCoordinator(resolver, auth_token=TOKEN) as coordinator,
+        ):
+            assert coordinator.fetch(coordinator.schedule(lambda: 2)) == 2
         warnings = [r for r in caplog.records if "clear text" in r.getMessage()]
         assert len(warnings) == 1 and warnings[0].name == "jaxcluster.coordinator"
         assert worker.address in warnings[0].getMessage()
@@ -144,7 +146,9 @@ def test_a_coordinator_warns_once_when_its_workers_are_off_loopback_without_tls(
     args = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key")]
     with running_worker(args, token=TOKEN) as worker:
         resolver = SimpleClusterResolver(ClusterSpec({"worker": [worker.address]}))
-        with caplog.at_level(logging.WARNING, logger="jaxcluster"):
-            with ClusterCoordinator(resolver, auth_token=TOKEN, tls_ca=certs / "ca.pem") as c:
-                assert c.fetch(c.schedule(lambda: 3)) == 3
+        with (
+            caplog.at_level(logging.WARNING, logger="jaxcluster"),
+            ClusterCoordinator(resolver, auth_token=TOKEN, tls_ca=certs / "ca.pem") as c,
+        ):
+            assert c.fetch(c.schedule(lambda: 3)) == 3
         assert not [r for r in caplog.records if "clear text" in r.getMessage()]
