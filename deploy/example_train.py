@@ -7,7 +7,8 @@ and update the weights in place. Every epoch ends with a checkpoint, and a resta
 The cluster comes from ``jaxcluster.cluster_resolver.resolve()``: set
 ``JAXCLUSTER_ENVIRONMENT`` (``kubernetes`` in the pod of ``coordinator.yaml``, ``explicit``
 with ``JAXCLUSTER_WORKERS``/``JAXCLUSTER_PS`` in the Slurm script) and
-``JAXCLUSTER_AUTH_TOKEN``. ``CHECKPOINT`` names the checkpoint file, ``EPOCHS`` the number
+``JAXCLUSTER_AUTH_TOKEN`` (and ``JAXCLUSTER_TLS_CA`` when the tasks serve TLS, as in the
+Slurm script). ``CHECKPOINT`` names the checkpoint file, ``EPOCHS`` the number
 of epochs.
 """
 
@@ -32,7 +33,9 @@ def wait_for_ps(strategy: ParameterServerStrategy, timeout: float = 300.0) -> No
     spec = strategy.cluster_resolver.cluster_spec()
     deadline = time.monotonic() + timeout
     for address in spec.job_tasks("ps"):
-        client = core.PsClient(address, auth_token=strategy.auth_token, timeout=5.0)
+        client = core.PsClient(
+            address, auth_token=strategy.auth_token, timeout=5.0, tls_ca=strategy.tls_ca
+        )
         while True:
             try:
                 client.get_status()

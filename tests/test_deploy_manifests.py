@@ -5,6 +5,7 @@ and the Slurm script is valid bash."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -166,6 +167,13 @@ def test_the_sbatch_script_is_valid_bash_starting_both_roles_from_the_resolver()
     assert checked.returncode == 0, checked.stderr
     text = script.read_text()
     assert text.startswith("#!/bin/bash\n") and "#SBATCH --nodes=" in text
-    assert "jaxcluster ps --from-resolver slurm --auth-token-file" in text
-    assert "jaxcluster worker --from-resolver slurm --auth-token-file" in text
-    assert "deploy/example_train.py" in text
+    for role in ("ps", "worker"):
+        assert re.search(
+            rf"jaxcluster {role} --from-resolver slurm --auth-token-file \S+ \S*TLS_ARGS", text
+        ), role
+    # Cleanup signals the tasks themselves (srun would SIGKILL them); the job makes its own
+    # CA and certificates; a task that exits non-zero ends its step.
+    assert 'scancel --signal=TERM "$SLURM_JOB_ID"' in text
+    assert "jaxcluster tls make-ca" in text and "jaxcluster tls issue" in text
+    assert "--kill-on-bad-exit=1" in text and 'kill -TERM "${STEP_PIDS' not in text
+    assert "example_train.py" in text
