@@ -221,6 +221,19 @@ def records(directory: Path) -> list[dict[str, Any]]:
     return sorted(found, key=lambda r: int(r["rank"]))
 
 
+def _alive(pid_file: Path) -> bool:
+    text = pid_file.read_text().strip()
+    if not text.isdigit():
+        return False
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def find_cluster() -> SlurmCluster:
     """The running test cluster; skips (fails when ``JAXCLUSTER_REQUIRE_REAL_CLUSTERS`` is
     set) saying why when there is none."""
@@ -230,6 +243,9 @@ def find_cluster() -> SlurmCluster:
     conf = Path(os.environ.get("SLURM_CONF") or DEFAULT_CONF)
     if not conf.exists():
         _unavailable(f"no cluster configuration at {conf}")
+    pid_file = conf.parent / "slurmctld.pid"  # up.sh's layout: skip a stale state directory
+    if pid_file.exists() and not _alive(pid_file):
+        _unavailable(f"the slurmctld of {conf} is not running ({pid_file} is stale)")
     cluster = SlurmCluster(conf)
     try:
         shown = cluster.run(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=30)
