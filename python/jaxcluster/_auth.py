@@ -41,7 +41,7 @@ def _is_loopback(address: str) -> bool:
         infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError):
         return False
-    ips = {info[4][0] for info in infos}
+    ips = {str(info[4][0]) for info in infos}
     return bool(ips) and all(ipaddress.ip_address(ip.split("%", 1)[0]).is_loopback for ip in ips)
 
 
