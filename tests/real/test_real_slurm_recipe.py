@@ -5,6 +5,7 @@ squatting on a node's port gets no token and fails the job fast, naming the node
 from __future__ import annotations
 
 import re
+import shutil
 import socket
 import threading
 import time
@@ -145,4 +146,31 @@ def test_a_port_squatter_gets_no_token_and_the_job_fails_naming_its_node(
     assert b"authorization" not in squatter.received.lower(), squatter.received[:200]
     assert b"Bearer" not in squatter.received, squatter.received[:200]
     assert not (tmp_path / f"jaxcluster-{job}.ckpt").exists()
+    _no_secrets_left(tmp_path)
+
+
+def test_a_task_that_never_listens_fails_the_job_naming_it(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    # A `jaxcluster` that hangs instead of serving for the worker on n4 (as one stuck on a
+    # slow file system would), in front of the real one on the PATH.
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    real = shutil.which("jaxcluster", path=slurm.env["PATH"])
+    assert real is not None
+    (shim / "jaxcluster").write_text(
+        "#!/bin/bash\n"
+        "if [[ $1 == worker && $SLURMD_NODENAME == n4 ]]; then exec sleep 600; fi\n"
+        f'exec {real} "$@"\n'
+    )
+    (shim / "jaxcluster").chmod(0o755)
+    started = time.monotonic()
+    job = _submit(
+        slurm, tmp_path, EPOCHS="3", STARTUP_TIMEOUT="8", PATH=f"{shim}:{slurm.env['PATH']}"
+    )
+    done = slurm.wait_job(job, tmp_path, timeout=120)
+    out = done.output
+    assert done.state == "FAILED", out
+    assert "not listening after STARTUP_TIMEOUT=8s: worker 1 on n4" in out, out
+    assert time.monotonic() - started < 60
     _no_secrets_left(tmp_path)
