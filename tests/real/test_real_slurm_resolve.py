@@ -113,6 +113,7 @@ def test_cyclic_workers_bind_the_addresses_the_spec_gives_them(slurm: SlurmClust
             "slurm",
         ],
         env=slurm.environment({"JAXCLUSTER_AUTH_TOKEN": token}),
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -152,7 +152,7 @@ until [[ "$(sinfo -h -N -o '%N %t' 2>/dev/null | awk '$2 == "idle"' | wc -l)" ==
     fi
     sleep 0.5
 done
-placed="$(timeout 60 srun -N 4 -n 4 -l printenv SLURMD_NODENAME | sort | tr '\n' ' ')"
+placed="$(timeout 60 srun -N 4 -n 4 -l printenv SLURMD_NODENAME </dev/null | sort | tr '\n' ' ')"
 [[ "$placed" == "0: n1 1: n2 2: n3 3: n4 " ]] \
     || die "a test step on all four nodes printed '$placed'; expected '0: n1 1: n2 2: n3 3: n4'"
 say "up: ${#NODES[@]} nodes idle; state and logs in $SLURM_DIR"
