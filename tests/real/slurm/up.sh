@@ -31,6 +31,9 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=common.sh
 source "$HERE/common.sh"
+# The daemons started here must not inherit a closed standard input (CI has none): a
+# daemon whose descriptor 0 is free later opens a file there, and task launches fail.
+exec </dev/null
 
 say() { printf 'slurm-up: %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
