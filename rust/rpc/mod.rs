@@ -1,5 +1,5 @@
 //! The coordinator <-> worker protocol: generated messages and service stubs, bearer-token
-//! auth, the one mapping between `tonic::Status` and [`RpcError`], message-size limits, the
+//! auth, the names of its codes and kinds ([`codes`]), the one mapping between `tonic::Status` and [`RpcError`], message-size limits, the
 //! channel and call code every client shares, and the [`client::WorkerClient`] the
 //! coordinator's dispatcher uses.
 //!
@@ -9,6 +9,7 @@ pub mod auth;
 pub mod channel;
 pub mod client;
 pub mod closure_stream;
+pub mod codes;
 pub mod emulated;
 pub mod limits;
 pub mod serve;
