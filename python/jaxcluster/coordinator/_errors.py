@@ -77,14 +77,9 @@ def _ps_failure(exc: BaseException, ps_task: Any, message: str, worker: str) -> 
     a ``PSUnavailableError`` with the task, so callers can rely on the type."""
     if ps_task is None or isinstance(exc, errors.PSUnavailableError):
         return exc
-    error = errors.PSUnavailableError(
-        f"parameter server task {ps_task} is unavailable: {message} (reported by worker {worker})"
+    return errors.PSUnavailableError(
+        int(ps_task), None, exc, f"{message} (reported by worker {worker})"
     )
-    error.task_type = "ps"  # type: ignore[attr-defined]
-    error.task_id = int(ps_task)  # type: ignore[attr-defined]
-    error.address = None  # type: ignore[attr-defined]
-    error.original_exception = exc  # type: ignore[attr-defined]
-    return error
 
 
 def build_exception(result: Sequence[Any]) -> BaseException:
