@@ -68,15 +68,9 @@ def _ps_failure(exc: BaseException, error: Any) -> BaseException:
     a ``PSUnavailableError`` with the task, so callers can rely on the type."""
     if error.ps_task is None or isinstance(exc, errors.PSUnavailableError):
         return exc
-    failure = errors.PSUnavailableError(
-        f"parameter server task {error.ps_task} is unavailable: {error.message} "
-        f"(reported by worker {error.worker})"
+    return errors.PSUnavailableError(
+        int(error.ps_task), None, exc, f"{error.message} (reported by worker {error.worker})"
     )
-    failure.task_type = "ps"  # type: ignore[attr-defined]
-    failure.task_id = int(error.ps_task)  # type: ignore[attr-defined]
-    failure.address = None  # type: ignore[attr-defined]
-    failure.original_exception = exc  # type: ignore[attr-defined]
-    return failure
 
 
 def build_exception(error: Any) -> BaseException:
