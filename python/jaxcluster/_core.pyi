@@ -30,6 +30,7 @@ class EncodedValue:
     """A closure's result as the worker sent it: a pickle (protocol 5) and its out-of-band
     buffers, for ``jaxcluster.wire.decode(value.pickle, value.buffers)``."""
 
+    def __new__(cls, pickle: bytes, buffers: Sequence[bytes] = ...) -> Self: ...
     @property
     def pickle(self) -> bytes: ...
     @property

@@ -22,6 +22,17 @@ pub struct PyEncodedValue {
 
 #[pymethods]
 impl PyEncodedValue {
+    #[new]
+    #[pyo3(signature = (pickle, buffers = Vec::new()))]
+    fn new(pickle: Vec<u8>, buffers: Vec<Vec<u8>>) -> Self {
+        Self {
+            value: EncodedValue {
+                pickle: Bytes::from(pickle),
+                buffers: buffers.into_iter().map(Bytes::from).collect(),
+            },
+        }
+    }
+
     #[getter]
     fn pickle<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.value.pickle)

@@ -202,7 +202,7 @@ class FunctionSerializer:
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> SerializedFunction:
         """The payload to run ``fn(*args, **kwargs)`` on a worker."""
-        _check_callable(fn)
+        _check_callable(fn, "schedule()")
         jitted = is_jitted(fn)
         if jitted:
             exported = self._export(fn, args, kwargs)
@@ -265,10 +265,11 @@ class FunctionSerializer:
         return result
 
 
-def _check_callable(fn: Any) -> None:
+def _check_callable(fn: Any, caller: str) -> None:
     if not callable(fn):
         raise TypeError(
-            f"expected a callable to run on the workers, got {type(fn).__qualname__}: {fn!r}"
+            f"{caller} needs a callable fn: expected a callable (a function or an object) "
+            f"to run on the workers, got {type(fn).__qualname__}: {fn!r}"
         )
 
 
@@ -288,7 +289,7 @@ def pickle_function(fn: Callable[..., Any]) -> SerializedFunction:
 
     Raises ``TypeError`` for something that is not callable or cannot be pickled.
     """
-    _check_callable(fn)
+    _check_callable(fn, "pickle_function()")
     return SerializedFunction.of(KIND_CLOUDPICKLE, _dumps(fn))
 
 
@@ -305,7 +306,7 @@ def export_function(
     ``platforms`` defaults to this process's backend; give the workers' (e.g.
     ``["tpu"]``) when they differ. Raises ``TypeError`` for a non-array argument leaf.
     """
-    _check_callable(fn)
+    _check_callable(fn, "export_function()")
     signature = _signature(args, dict(kwargs or {}))
     if isinstance(signature, str):
         raise TypeError(f"cannot export {getattr(fn, '__name__', fn)!r}: {signature}")
