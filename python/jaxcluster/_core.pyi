@@ -56,12 +56,12 @@ class ClosureError:
         *,
         type_name: str,
         message: str,
-        module: str = "",
-        traceback: str = "",
+        module: str = ...,
+        traceback: str = ...,
         code: str | None = None,
         exception: bytes | None = None,
         exception_buffers: Sequence[bytes] = ...,
-        worker: str = "",
+        worker: str = ...,
         ps_task: int | None = None,
         resource_id: int | None = None,
     ) -> Self:
@@ -113,7 +113,7 @@ class ClosureError:
     def resource_id(self) -> int | None:
         """The per-worker resource of an ``input`` error a worker reported, else None."""
 
-    def __getitem__(self, key: str) -> Any:
+    def __getitem__(self, key: str, /) -> Any:
         """The field ``key`` (``KeyError`` for any other), so a :class:`WorkerClient`
         reply reads like the dict the rest of it is."""
 

@@ -64,6 +64,8 @@ pub(crate) fn detach_interruptible<R: Send>(
 ) -> (R, Option<PyErr>) {
     let mut raised: Option<PyErr> = None;
     let result = py.detach(|| {
+        // The method path is not general enough over the GIL lifetime, hence the closure.
+        #[allow(clippy::redundant_closure_for_method_calls)]
         let mut check = || match Python::attach(|py| py.check_signals()) {
             Ok(()) => false,
             Err(err) => {

@@ -183,7 +183,9 @@ impl PyWorkerClient {
     ) -> PyResult<bool> {
         let request = pb::RegisterFunctionRequest {
             function_hash: to_bytes(function_hash),
-            kind: parse_function_kind(kind).map_err(PyValueError::new_err)?.into(),
+            kind: parse_function_kind(kind)
+                .map_err(PyValueError::new_err)?
+                .into(),
             payload: to_bytes(payload),
         };
         let timeout = self.control_timeout(timeout)?;

@@ -20,7 +20,9 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use super::blocking::{detach_interruptible, in_runtime, interrupted, with_wait_policy, SIGNAL_POLL};
+use super::blocking::{
+    detach_interruptible, in_runtime, interrupted, with_wait_policy, SIGNAL_POLL,
+};
 use super::convert::{duration, to_bytes};
 use super::dispatch_convert::{dispatch_error, metrics_dict, worker_dict};
 use super::outcome::outcome_object;

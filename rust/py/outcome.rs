@@ -53,7 +53,13 @@ impl PyEncodedValue {
 }
 
 /// The kinds a `ClosureError` can have: the protocol's error kinds, plus `"cancelled"`.
-const KINDS: [&str; 5] = ["user", "input", "function_load", "infrastructure", "cancelled"];
+const KINDS: [&str; 5] = [
+    "user",
+    "input",
+    "function_load",
+    "infrastructure",
+    "cancelled",
+];
 
 /// Why a closure did not produce a value; see `_core.pyi`.
 #[pyclass(frozen, module = "jaxcluster._core", name = "ClosureError")]
@@ -217,7 +223,9 @@ impl PyClosureError {
 
     #[getter]
     fn exception<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-        self.exception.as_ref().map(|pickle| PyBytes::new(py, pickle))
+        self.exception
+            .as_ref()
+            .map(|pickle| PyBytes::new(py, pickle))
     }
 
     #[getter]

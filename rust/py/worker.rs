@@ -312,7 +312,9 @@ impl PyWorkerJob {
         ps_task: Option<i64>,
     ) -> PyResult<()> {
         let error = pb::ClosureError {
-            kind: parse_error_kind(kind).map_err(PyValueError::new_err)?.into(),
+            kind: parse_error_kind(kind)
+                .map_err(PyValueError::new_err)?
+                .into(),
             type_name,
             module,
             message,

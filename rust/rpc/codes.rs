@@ -17,20 +17,48 @@ const CODES: [(Code, &str, &str); 17] = [
     (Code::Ok, "OK", "InternalError"),
     (Code::Cancelled, "CANCELLED", "CancelledError"),
     (Code::Unknown, "UNKNOWN", "InternalError"),
-    (Code::InvalidArgument, "INVALID_ARGUMENT", "InvalidArgumentError"),
-    (Code::DeadlineExceeded, "DEADLINE_EXCEEDED", "DeadlineExceededError"),
+    (
+        Code::InvalidArgument,
+        "INVALID_ARGUMENT",
+        "InvalidArgumentError",
+    ),
+    (
+        Code::DeadlineExceeded,
+        "DEADLINE_EXCEEDED",
+        "DeadlineExceededError",
+    ),
     (Code::NotFound, "NOT_FOUND", "NotFoundError"),
-    (Code::AlreadyExists, "ALREADY_EXISTS", "FailedPreconditionError"),
-    (Code::PermissionDenied, "PERMISSION_DENIED", "UnauthenticatedError"),
-    (Code::ResourceExhausted, "RESOURCE_EXHAUSTED", "ResourceExhaustedError"),
-    (Code::FailedPrecondition, "FAILED_PRECONDITION", "FailedPreconditionError"),
+    (
+        Code::AlreadyExists,
+        "ALREADY_EXISTS",
+        "FailedPreconditionError",
+    ),
+    (
+        Code::PermissionDenied,
+        "PERMISSION_DENIED",
+        "UnauthenticatedError",
+    ),
+    (
+        Code::ResourceExhausted,
+        "RESOURCE_EXHAUSTED",
+        "ResourceExhaustedError",
+    ),
+    (
+        Code::FailedPrecondition,
+        "FAILED_PRECONDITION",
+        "FailedPreconditionError",
+    ),
     (Code::Aborted, "ABORTED", "AbortedError"),
     (Code::OutOfRange, "OUT_OF_RANGE", "ResourceExhaustedError"),
     (Code::Unimplemented, "UNIMPLEMENTED", "InternalError"),
     (Code::Internal, "INTERNAL", "InternalError"),
     (Code::Unavailable, "UNAVAILABLE", "UnavailableError"),
     (Code::DataLoss, "DATA_LOSS", "InternalError"),
-    (Code::Unauthenticated, "UNAUTHENTICATED", "UnauthenticatedError"),
+    (
+        Code::Unauthenticated,
+        "UNAUTHENTICATED",
+        "UnauthenticatedError",
+    ),
 ];
 
 fn entry(code: Code) -> &'static (Code, &'static str, &'static str) {
@@ -55,7 +83,10 @@ pub fn code_name(code: Code) -> &'static str {
 /// assert_eq!(parse_code("aborted"), None);
 /// ```
 pub fn parse_code(name: &str) -> Option<Code> {
-    CODES.iter().find(|(_, n, _)| *n == name).map(|(c, _, _)| *c)
+    CODES
+        .iter()
+        .find(|(_, n, _)| *n == name)
+        .map(|(c, _, _)| *c)
 }
 
 /// The `jaxcluster.errors` class a failure with `code` is raised as.
@@ -144,6 +175,8 @@ mod tests {
         ] {
             assert_eq!(parse_error_kind(error_kind_name(kind)), Ok(kind));
         }
-        assert!(parse_error_kind("infra").unwrap_err().contains("'infrastructure'"));
+        assert!(parse_error_kind("infra")
+            .unwrap_err()
+            .contains("'infrastructure'"));
     }
 }

@@ -266,7 +266,11 @@ fn a_closure_the_worker_times_out_is_retried_once_then_fails_deadline_exceeded()
     let slow = register(&dispatcher, SLOW);
     let cell = dispatcher.schedule(&slow, pickled(1), &[]).unwrap();
     let error = failure(&cell);
-    assert_eq!(error.kind, FailureKind::Infra(Code::DeadlineExceeded), "{error}");
+    assert_eq!(
+        error.kind,
+        FailureKind::Infra(Code::DeadlineExceeded),
+        "{error}"
+    );
     assert!(error.message.contains(&worker.address()), "{error}");
     // Retried once, after the worker had finished the first attempt.
     assert_eq!(worker.ran(), [cell.id(), cell.id()]);

@@ -52,7 +52,10 @@ fn a_timed_out_worker_takes_no_new_closure_until_it_is_idle() {
     let timed_out = dispatcher.schedule(&slow, args("x"), &[]).unwrap();
     let next = dispatcher.schedule(&echo, args("y"), &[]).unwrap();
     assert_eq!(value(&next), args("y"));
-    assert_eq!(failure(&timed_out).kind, FailureKind::Infra(Code::DeadlineExceeded));
+    assert_eq!(
+        failure(&timed_out).kind,
+        FailureKind::Infra(Code::DeadlineExceeded)
+    );
     // The timed-out execution kept the worker busy for 300 ms; the link polled its status
     // and sent nothing else (the echo, the retry) until it was idle again.
     let executions = cluster.executions();
