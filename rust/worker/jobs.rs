@@ -2,9 +2,9 @@
 //!
 //! Unary handlers push a [`Job`] and await its reply on a oneshot channel; closures of a
 //! `RunClosures` stream are pushed by the stream's reader (`reader.rs`) with their stream
-//! as the reply target (`stream.rs`). One executor thread pops jobs in arrival order, blocking on a condition
-//! variable (so the Python side can wait with the GIL released), and runs them one at a
-//! time. The queue also owns the shutdown protocol: once draining, new jobs are refused
+//! as the reply target (`stream.rs`). One executor thread pops jobs in arrival order,
+//! blocking on a condition variable (so the Python side can wait with the GIL released),
+//! and runs them one at a time. The queue also owns the shutdown protocol: once draining, new jobs are refused
 //! with `UNAVAILABLE`, queued ones are handed back the same way, and
 //! [`JobQueue::wait_idle`] returns when the job in progress has been answered.
 //!

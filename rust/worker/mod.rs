@@ -22,8 +22,9 @@
 //!
 //! Shutdown is two-phase: [`WorkerServer::begin_shutdown`] stops taking closures (new and
 //! queued ones get `UNAVAILABLE`, so a coordinator retries them elsewhere; open streams
-//! stop reading and end once answered) while the one in progress finishes; [`WorkerServer::stop_serving`] then closes the listener and lets
-//! in-flight RPCs complete.
+//! stop reading and end once answered) while the one in progress finishes;
+//! [`WorkerServer::stop_serving`] then closes the listener and lets in-flight RPCs
+//! complete.
 
 pub mod jobs;
 mod reader;
