@@ -6,8 +6,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use bytes::Bytes;
 
 use super::DispatchError;
-use crate::rpc::{content_hash, pb, HASH_LEN};
-use crate::worker::validate::hex;
+use crate::rpc::{content_hash, hex, pb, HASH_LEN};
 
 /// A function's content hash (SHA-256 of its payload).
 pub type FunctionHash = [u8; HASH_LEN];

@@ -43,3 +43,20 @@ pub fn content_hash(payload: &[u8]) -> [u8; HASH_LEN] {
     use sha2::Digest;
     sha2::Sha256::digest(payload).into()
 }
+
+/// Lowercase hex of `bytes`, for messages that name a hash or show a payload's first
+/// bytes. Here because both ends of the protocol (the worker's checks, the dispatcher's
+/// registry) quote hashes in their errors and must spell them alike.
+///
+/// ```
+/// assert_eq!(_core::rpc::hex(&[0x0a, 0xff]), "0aff");
+/// ```
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
