@@ -268,8 +268,8 @@ class FunctionSerializer:
 def _check_callable(fn: Any, caller: str) -> None:
     if not callable(fn):
         raise TypeError(
-            f"{caller} needs a callable fn: expected a callable (a function or an object) "
-            f"to run on the workers, got {type(fn).__qualname__}: {fn!r}"
+            f"{caller} needs a callable fn, got {type(fn).__qualname__}: {fn!r}; expected a "
+            "callable (a function or an object) to run on the workers"
         )
 
 
