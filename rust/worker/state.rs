@@ -129,6 +129,8 @@ impl WorkerState {
         })
     }
 
+    /// The function stored under `hash`; `NOT_FOUND` (counted) says how to recover, since
+    /// a restarted worker has lost what was registered.
     fn lookup(&self, hash: &[u8; HASH_LEN]) -> Result<StoredFunction, Status> {
         self.store.get(hash).ok_or_else(|| {
             self.stats.reject(Status::not_found(format!(

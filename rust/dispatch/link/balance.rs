@@ -48,15 +48,24 @@ pub(crate) struct Balance {
     /// Links that are up with nothing outstanding, waiting for work: while any is, no busy
     /// link pipelines.
     idle: AtomicUsize,
-    /// Per link: closures sent to its worker and not answered yet.
-    outstanding: Vec<AtomicUsize>,
-    /// Per link: asks it to take back what its worker has queued (an idle link is
-    /// starving, or a closure failed under `cancel_all`).
-    reclaim: Vec<Notify>,
+    /// One per link, by index.
+    links: Vec<LinkSlot>,
     /// A closure failed under `cancel_all` and the error was not raised yet: links start
     /// no closure meanwhile (each one they take is handed back, hence cancelled), so every
     /// closure queued when a closure failed ends cancelled, never run.
     failure_pending: AtomicBool,
+}
+
+/// One link's part of the handshake, aligned to its own cache lines: each link writes its
+/// count once per closure sent or answered, and counts of neighbouring links sharing a
+/// line would make those writes contend (128 bytes: x86-64 prefetches lines in pairs).
+#[repr(align(128))]
+struct LinkSlot {
+    /// Closures sent to the link's worker and not answered yet.
+    outstanding: AtomicUsize,
+    /// Asks the link to take back what its worker has queued (an idle link is starving,
+    /// or a closure failed under `cancel_all`).
+    reclaim: Notify,
 }
 
 impl Balance {
@@ -64,8 +73,12 @@ impl Balance {
     pub fn new(links: usize) -> Self {
         Self {
             idle: AtomicUsize::new(0),
-            outstanding: (0..links).map(|_| AtomicUsize::new(0)).collect(),
-            reclaim: (0..links).map(|_| Notify::new()).collect(),
+            links: (0..links)
+                .map(|_| LinkSlot {
+                    outstanding: AtomicUsize::new(0),
+                    reclaim: Notify::new(),
+                })
+                .collect(),
             failure_pending: AtomicBool::new(false),
         }
     }
@@ -92,30 +105,30 @@ impl Balance {
 
     /// Publishes how many closures `link` has outstanding (read by idle links).
     pub fn publish(&self, link: usize, count: usize) {
-        self.outstanding[link].store(count, Ordering::SeqCst);
+        self.links[link].outstanding.store(count, Ordering::SeqCst);
     }
 
     /// Asks every link with two or more closures outstanding (so at least one queued on
     /// its worker) to take back what its worker has queued. Called by a link that went
     /// idle and found the queue empty.
     pub fn ask_pipelining_links_to_reclaim(&self) {
-        for (outstanding, reclaim) in self.outstanding.iter().zip(&self.reclaim) {
-            if outstanding.load(Ordering::SeqCst) >= 2 {
-                reclaim.notify_one();
+        for slot in &self.links {
+            if slot.outstanding.load(Ordering::SeqCst) >= 2 {
+                slot.reclaim.notify_one();
             }
         }
     }
 
     /// Asks every link to take back what its worker has queued (a closure failed).
     pub fn ask_all_to_reclaim(&self) {
-        for reclaim in &self.reclaim {
-            reclaim.notify_one();
+        for slot in &self.links {
+            slot.reclaim.notify_one();
         }
     }
 
     /// Resolves when `link` is asked to reclaim (at once if asked since its last wait).
     pub fn reclaim_requested(&self, link: usize) -> Notified<'_> {
-        self.reclaim[link].notified()
+        self.links[link].reclaim.notified()
     }
 
     /// Whether a closure failure (under `cancel_all`) waits to be raised.
