@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +15,9 @@ from jaxcluster.coordinator import (
     RemoteValueStatus,
     get_current_worker_index,
 )
-from support.closures import barrier, local_cluster
+from support.closures import barrier
 
 NUM_WORKERS = 2
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    with local_cluster(NUM_WORKERS) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def coordinator(cluster: Any) -> Iterator[ClusterCoordinator]:
-    with cluster.coordinator() as c:
-        yield c
 
 
 def _nested(x: int) -> dict[str, Any]:

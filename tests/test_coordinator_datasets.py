@@ -17,7 +17,6 @@ from jaxcluster.coordinator import (
 )
 from support.closures import (
     barrier,
-    local_cluster,
     wait_for_file,
     wait_until,
     worker_status,
@@ -47,18 +46,6 @@ def fail_at_gate(gate: str) -> None:
 
 def broken_dataset() -> list[int]:
     return [1 // 0]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    with local_cluster(NUM_WORKERS) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def coordinator(cluster: Any) -> Iterator[ClusterCoordinator]:
-    with cluster.coordinator() as c:
-        yield c
 
 
 def test_each_worker_advances_its_own_iterator(coordinator: ClusterCoordinator) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 from jaxcluster import errors
 from jaxcluster.coordinator import ClusterCoordinator, RemoteValueStatus
-from support.closures import gated_square, local_cluster, wait_for_file, wait_until
+from support.closures import gated_square, wait_for_file, wait_until
 
 NUM_WORKERS = 2
 
@@ -37,18 +36,6 @@ def fail_when(gate: str, exc: BaseException) -> None:
     if not wait_for_file(gate):
         raise TimeoutError(f"gate {gate} never appeared")
     raise exc
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    with local_cluster(NUM_WORKERS) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def coordinator(cluster: Any) -> Iterator[ClusterCoordinator]:
-    with cluster.coordinator() as c:
-        yield c
 
 
 def test_the_first_error_is_raised_by_join_then_cleared(coordinator: ClusterCoordinator) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
 
-from support.closures import local_cluster, worker_status
+from support.closures import worker_status
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -24,12 +23,6 @@ def grad_step(params: dict[str, Any], x: Any, y: Any, lr: Any) -> tuple[Any, Any
 
     loss, grads = jax.value_and_grad(loss_fn)(params)
     return jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads), loss
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    with local_cluster(NUM_WORKERS) as c:
-        yield c
 
 
 def _batch(seed: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:

@@ -3,23 +3,14 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pytest
 
 from jaxcluster.coordinator import ClusterCoordinator
-from support.closures import local_cluster
 
 THREADS = 8
 PER_THREAD = 150
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Any]:
-    with local_cluster(2) as c:
-        yield c
 
 
 def _affine(a: int, b: np.ndarray) -> np.ndarray:

@@ -16,21 +16,24 @@ import numpy as np
 import pytest
 
 from jaxcluster import errors, wire
+from jaxcluster._native import core
 from jaxcluster.coordinator import PerWorkerValues, RemoteValue, RemoteValueStatus
 from jaxcluster.coordinator._encoding import encode_args
 from jaxcluster.coordinator._errors import build_exception
 from jaxcluster.coordinator.structure import map_structure
+
+ClosureError = core.ClosureError
 
 
 class _Cell:
     """The binding's ResultCell interface, settled by the test."""
 
     def __init__(self) -> None:
-        self._result: tuple[Any, ...] | None = None
+        self._result: Any = None
         self._settled = threading.Event()
         self.result_calls = 0
 
-    def settle(self, result: tuple[Any, ...]) -> None:
+    def settle(self, result: Any) -> None:
         self._result = result
         self._settled.set()
 
@@ -41,17 +44,18 @@ class _Cell:
     def status(self) -> int:
         if self._result is None:
             return 0
-        return 1 if self._result[0] == "cancelled" else 2
+        cancelled = isinstance(self._result, ClosureError) and self._result.kind == "cancelled"
+        return 1 if cancelled else 2
 
-    def result(self) -> tuple[Any, ...]:
+    def result(self) -> Any:
         assert self._result is not None
         self.result_calls += 1
         return self._result
 
 
-def _ok(value: Any) -> tuple[Any, ...]:
+def _ok(value: Any) -> Any:
     encoded = wire.encode(value)
-    return ("ok", encoded.pickle, encoded.buffers)
+    return core.EncodedValue(encoded.pickle, encoded.buffers)
 
 
 class _Unrebuildable(Exception):
@@ -59,17 +63,18 @@ class _Unrebuildable(Exception):
         super().__init__(f"{a}/{b}")
 
 
-def _user_error(exc: BaseException, pickled: bool = True) -> tuple[Any, ...]:
-    data = wire.encode(exc).pickle if pickled else b""
-    return (
-        "error",
-        "user",
-        type(exc).__qualname__,
-        type(exc).__module__,
-        str(exc),
-        'Traceback (most recent call last):\n  File "job.py", line 3\nboom\n',
-        data,
-        "127.0.0.1:5001",
+def _user_error(
+    exc: BaseException, pickled: bool = True, kind: str = "user", exception: bytes | None = None
+) -> Any:
+    data = wire.encode(exc).pickle if pickled else None
+    return ClosureError(
+        kind,
+        type_name=type(exc).__qualname__,
+        module=type(exc).__module__,
+        message=str(exc),
+        traceback='Traceback (most recent call last):\n  File "job.py", line 3\nboom\n',
+        exception=exception or data,
+        worker="127.0.0.1:5001",
     )
 
 
@@ -101,7 +106,14 @@ def test_an_error_is_ready_and_raised_from_every_fetch() -> None:
 
 def test_a_cancelled_closure_is_aborted() -> None:
     cell = _Cell()
-    cell.settle(("cancelled", "another closure failed first"))
+    cell.settle(
+        ClosureError(
+            "cancelled",
+            code="CANCELLED",
+            type_name="CancelledError",
+            message="another closure failed first",
+        )
+    )
     rv = RemoteValue(cell)
     assert rv.status is RemoteValueStatus.ABORTED
     with pytest.raises(errors.CancelledError, match="another closure failed first"):
@@ -120,15 +132,13 @@ def test_an_exception_that_cannot_be_rebuilt_becomes_remote_error() -> None:
     assert exc.type_name == f"{__name__}._Unrebuildable"
     assert "1/2" in str(exc) and "127.0.0.1:5001" in str(exc)
     assert 'File "job.py"' in exc.remote_traceback
-    garbage = list(_user_error(ValueError("x")))
-    garbage[6] = b"not a pickle"
-    assert isinstance(build_exception(tuple(garbage)), errors.RemoteError)
+    garbage = _user_error(ValueError("x"), exception=b"not a pickle")
+    assert isinstance(build_exception(garbage), errors.RemoteError)
 
 
 def test_input_errors_wrap_the_original() -> None:
-    result = list(_user_error(StopIteration("dataset_fn broke")))
-    result[1] = "input"
-    exc = build_exception(tuple(result))
+    result = _user_error(StopIteration("dataset_fn broke"), kind="input")
+    exc = build_exception(result)
     assert isinstance(exc, errors.ClosureInputError)
     assert isinstance(exc.original_exception, StopIteration)
     assert "dataset_fn broke" in str(exc)
@@ -147,28 +157,26 @@ def test_input_errors_wrap_the_original() -> None:
     ],
 )
 def test_infrastructure_errors_map_to_their_classes(code: str, cls: type) -> None:
-    result = (
-        "error",
-        f"infra:{code}",
-        cls.__name__,
-        "jaxcluster.errors",
-        "it broke",
-        "",
-        b"",
-        "h:7",
+    result = ClosureError(
+        "infrastructure",
+        code=code,
+        type_name=cls.__name__,
+        module="jaxcluster.errors",
+        message="it broke",
+        worker="h:7",
     )
     exc = build_exception(result)
     assert type(exc) is cls
     assert "it broke" in str(exc) and "h:7" in str(exc)
 
 
-def test_malformed_result_tuples_are_rejected() -> None:
-    with pytest.raises(TypeError, match="result tuple"):
-        build_exception(())
-    with pytest.raises(ValueError, match="got a 'ok' tuple"):
-        build_exception(("ok", b"", []))
-    with pytest.raises(ValueError, match="unknown closure error kind 'weird'"):
-        build_exception(("error", "weird", "T", "m", "msg", "", b"", "w"))
+def test_malformed_closure_errors_are_rejected() -> None:
+    with pytest.raises(ValueError, match='kind "weird" is not known'):
+        ClosureError("weird", type_name="T", message="msg")
+    with pytest.raises(ValueError, match="not a gRPC status code name"):
+        ClosureError("infrastructure", code="infra:NOPE", type_name="T", message="msg")
+    with pytest.raises(KeyError, match='no field "nope"'):
+        _user_error(ValueError("x"))["nope"]
 
 
 class _Resource:

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from jaxcluster._local_tasks import TaskProcess
 from jaxcluster._native import core
 from jaxcluster.errors import (
     FailedPreconditionError,
@@ -23,7 +24,6 @@ from jaxcluster.errors import (
     NotFoundError,
     UnauthenticatedError,
 )
-from jaxcluster.local_cluster import _WorkerProcess
 
 TOKEN = "ps-client-test-token"
 DTYPES = [
@@ -45,7 +45,7 @@ DTYPES = [
 @pytest.fixture(scope="module")
 def ps_addresses() -> Iterator[list[str]]:
     env = {**os.environ, "JAXCLUSTER_AUTH_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
-    processes = [_WorkerProcess(i, "127.0.0.1:0", env, (), role="ps") for i in range(2)]
+    processes = [TaskProcess("ps", i, "127.0.0.1:0", env) for i in range(2)]
     try:
         deadline = time.monotonic() + 120
         yield [p.wait_listening(deadline) for p in processes]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxcluster import ClusterSpec, errors
+from jaxcluster._native import core
 from jaxcluster.cluster_resolver import SimpleClusterResolver
 from jaxcluster.coordinator import ClusterCoordinator
 from jaxcluster.coordinator._errors import build_exception
@@ -190,12 +191,17 @@ def test_a_worker_with_only_a_token_file_reaches_the_ps(tmp_path: Path) -> None:
 
 
 def test_a_ps_failure_that_lost_its_pickle_is_still_raised_as_one() -> None:
-    result = ("error", "user", "PSUnavailableError", "x.y", "ps gone", "tb", b"", "w:1", 1)
+    def reported(kind: str, type_name: str, module: str, message: str, **kw: Any) -> Any:
+        return core.ClosureError(kind, type_name=type_name, module=module, message=message, **kw)
+
+    result = reported(
+        "user", "PSUnavailableError", "x.y", "ps gone", traceback="tb", worker="w:1", ps_task=1
+    )
     error = build_exception(result)
     assert isinstance(error, errors.PSUnavailableError) and error.task_id == 1
     assert "parameter server task 1" in str(error) and "w:1" in str(error)
-    wrapped = build_exception(("error", "input", "KeyError", "builtins", "k", "", b"", "w", 0))
+    wrapped = build_exception(reported("input", "KeyError", "builtins", "k", worker="w", ps_task=0))
     assert isinstance(wrapped, errors.ClosureInputError)
     assert isinstance(wrapped.original_exception, errors.PSUnavailableError)
-    plain = build_exception(("error", "user", "KeyError", "builtins", "k", "", b"", "w", None))
+    plain = build_exception(reported("user", "KeyError", "builtins", "k", worker="w"))
     assert isinstance(plain, errors.RemoteError)

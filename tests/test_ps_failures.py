@@ -16,6 +16,8 @@ import pytest
 
 from jaxcluster import errors, wire
 from jaxcluster._native import core
+from jaxcluster.coordinator import functions
+from jaxcluster.coordinator._errors import rebuild_exception
 from jaxcluster.local_cluster import LocalCluster
 from jaxcluster.strategy import ParameterServerStrategy, TransientPSFailures, is_ps_failure
 from jaxcluster.strategy.failures import failed_ps_task, ps_unavailable
@@ -33,11 +35,11 @@ def cluster() -> Iterator[LocalCluster]:
 
 def run_on_worker(cluster: LocalCluster, fn: Callable[..., Any]) -> Any:
     client = core.WorkerClient(cluster.addresses[0], auth_token=cluster.auth_token)
-    payload = wire.function_payload(fn)
+    payload = functions.pickle_function(fn)
     client.register_function(payload.function_hash, payload.kind, payload.payload)
     reply = client.run_closure(payload.function_hash, timeout=120)
     if reply["error"] is not None:
-        raise wire.rebuild_exception(reply["error"])
+        raise rebuild_exception(reply["error"])
     return wire.decode(reply["value"], reply["buffers"])
 
 

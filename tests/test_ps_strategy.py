@@ -19,6 +19,8 @@ import jaxcluster
 from jaxcluster import wire
 from jaxcluster._native import core
 from jaxcluster.cluster_resolver import SimpleClusterResolver
+from jaxcluster.coordinator import functions
+from jaxcluster.coordinator._errors import rebuild_exception
 from jaxcluster.errors import UnauthenticatedError
 from jaxcluster.local_cluster import LocalCluster
 from jaxcluster.strategy import (
@@ -48,12 +50,12 @@ def run_on_worker(cluster: LocalCluster, index: int, fn: Callable[..., Any], *ar
     """Runs ``fn(*args)`` on worker ``index`` the way a coordinator would; raises what it
     raised there."""
     client = core.WorkerClient(cluster.addresses[index], auth_token=cluster.auth_token)
-    payload = wire.function_payload(fn)
+    payload = functions.pickle_function(fn)
     client.register_function(payload.function_hash, payload.kind, payload.payload)
     encoded = wire.encode((args, {}))
     reply = client.run_closure(payload.function_hash, encoded.pickle, encoded.buffers, timeout=120)
     if reply["error"] is not None:
-        raise wire.rebuild_exception(reply["error"])
+        raise rebuild_exception(reply["error"])
     return wire.decode(reply["value"], reply["buffers"])
 
 

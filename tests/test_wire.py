@@ -9,6 +9,11 @@ import numpy as np
 import pytest
 
 from jaxcluster import errors, wire
+from jaxcluster._native import core
+from jaxcluster.coordinator import functions
+from jaxcluster.coordinator._errors import rebuild_exception
+
+ClosureError = core.ClosureError
 
 
 def test_numpy_buffers_travel_out_of_band() -> None:
@@ -31,7 +36,7 @@ def test_jax_arrays_arrive_as_numpy() -> None:
     assert type(decoded["n"][0]) is np.ndarray
 
 
-def _parts(encoded: wire.Encoded) -> tuple[bytes, list[bytes]]:
+def _parts(encoded: wire.EncodedValue) -> tuple[bytes, list[bytes]]:
     return encoded.pickle, encoded.buffers
 
 
@@ -65,27 +70,25 @@ def test_function_payloads_are_content_addressed() -> None:
     def add_two(x: int) -> int:
         return x + 2
 
-    a = wire.function_payload(add_one)
+    a = functions.pickle_function(add_one)
     assert a.kind == "cloudpickle" and len(a.function_hash) == 32
     assert a.function_hash == wire.content_hash(a.payload)
-    assert wire.function_payload(add_one).function_hash == a.function_hash
-    assert wire.function_payload(add_two).function_hash != a.function_hash
+    assert functions.pickle_function(add_one).function_hash == a.function_hash
+    assert functions.pickle_function(add_two).function_hash != a.function_hash
     with pytest.raises(TypeError, match="expected a callable"):
-        wire.function_payload(3)  # type: ignore[arg-type]
+        functions.pickle_function(3)  # type: ignore[arg-type]
 
 
 def test_rebuild_exception_prefers_the_pickled_exception() -> None:
     encoded = wire.encode(KeyError("k"))
-    exc = wire.rebuild_exception({"exception": encoded.pickle, "exception_buffers": []})
+    exc = rebuild_exception(
+        ClosureError("user", type_name="KeyError", message="'k'", exception=encoded.pickle)
+    )
     assert isinstance(exc, KeyError) and exc.args == ("k",)
-    remote = wire.rebuild_exception(
-        {
-            "exception": None,
-            "type_name": "Boom",
-            "module": "user_mod",
-            "message": "bad",
-            "traceback": "Traceback...",
-        }
+    remote = rebuild_exception(
+        ClosureError(
+            "user", type_name="Boom", module="user_mod", message="bad", traceback="Traceback..."
+        )
     )
     assert isinstance(remote, errors.RemoteError)
     assert remote.type_name == "user_mod.Boom" and "Traceback..." in str(remote)

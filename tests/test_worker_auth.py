@@ -9,6 +9,7 @@ import pytest
 
 from jaxcluster import wire
 from jaxcluster._native import core
+from jaxcluster.coordinator import functions
 from jaxcluster.errors import UnauthenticatedError
 from support.workers import WorkerProc, launch, running_worker
 
@@ -32,7 +33,7 @@ def test_missing_or_wrong_token_is_refused_and_nothing_runs(
         return "ran"
 
     authorised = worker.client(TOKEN)
-    payload = wire.function_payload(leaves_a_mark)
+    payload = functions.pickle_function(leaves_a_mark)
     authorised.register_function(payload.function_hash, payload.kind, payload.payload)
     before = authorised.get_status()
 
@@ -41,7 +42,7 @@ def test_missing_or_wrong_token_is_refused_and_nothing_runs(
         intruder.run_closure(payload.function_hash, closure_id=1)
     with pytest.raises(UnauthenticatedError):
         intruder.create_resource(1, payload.function_hash)
-    other = wire.function_payload(lambda: "other")
+    other = functions.pickle_function(lambda: "other")
     with pytest.raises(UnauthenticatedError):
         intruder.register_function(other.function_hash, other.kind, other.payload)
     with pytest.raises(UnauthenticatedError):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jaxcluster import wire
+from jaxcluster.coordinator import functions
 from jaxcluster.errors import InvalidArgumentError, NotFoundError, ResourceExhaustedError
 from support.workers import WorkerProc, running_worker
 
@@ -34,7 +35,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 def still_serving(client: Any) -> None:
     """A real closure still runs after the bad request."""
-    payload = wire.function_payload(identity)
+    payload = functions.pickle_function(identity)
     client.register_function(payload.function_hash, payload.kind, payload.payload)
     encoded = wire.encode(((np.arange(4),), {}))
     reply = client.run_closure(payload.function_hash, encoded.pickle, encoded.buffers)
@@ -72,7 +73,7 @@ def test_a_malformed_hash_is_invalid_argument_before_any_lookup(
 
 def test_a_hash_that_does_not_match_the_payload_is_refused(worker: WorkerProc) -> None:
     client = worker.client()
-    payload = wire.function_payload(identity)
+    payload = functions.pickle_function(identity)
     wrong = wire.content_hash(b"something else")
     with pytest.raises(InvalidArgumentError, match="does not match the payload"):
         client.register_function(wrong, payload.kind, payload.payload)
@@ -90,7 +91,7 @@ def test_an_unknown_well_formed_hash_is_not_found(worker: WorkerProc) -> None:
 
 def test_malformed_arguments_are_invalid_argument(worker: WorkerProc) -> None:
     client = worker.client()
-    payload = wire.function_payload(identity)
+    payload = functions.pickle_function(identity)
     client.register_function(payload.function_hash, payload.kind, payload.payload)
     with pytest.raises(InvalidArgumentError, match="args is not a pickle stream"):
         client.run_closure(payload.function_hash, b"garbage args")
@@ -104,7 +105,7 @@ def test_an_oversized_request_is_resource_exhausted_and_the_worker_keeps_serving
     worker: WorkerProc,
 ) -> None:
     client = worker.client()
-    payload = wire.function_payload(identity)
+    payload = functions.pickle_function(identity)
     client.register_function(payload.function_hash, payload.kind, payload.payload)
     big = wire.encode(((np.zeros(LIMIT, dtype=np.uint8),), {}))
     before = client.get_status()["closures_run"]
@@ -120,7 +121,7 @@ def test_an_oversized_result_is_resource_exhausted(worker: WorkerProc) -> None:
     def make_big() -> np.ndarray:
         return np.zeros(LIMIT * 2, dtype=np.uint8)
 
-    payload = wire.function_payload(make_big)
+    payload = functions.pickle_function(make_big)
     client.register_function(payload.function_hash, payload.kind, payload.payload)
     with pytest.raises(ResourceExhaustedError, match="result"):
         client.run_closure(payload.function_hash)

@@ -16,6 +16,7 @@ import pytest
 
 from jaxcluster import wire
 from jaxcluster._native import core
+from jaxcluster.coordinator import functions
 from jaxcluster.errors import UnauthenticatedError, UnavailableError
 from support.workers import launch, running_worker, wait_until
 
@@ -86,7 +87,7 @@ def test_sigterm_lets_the_inflight_closure_finish_then_exits_0(tmp_path: Path) -
 
     with running_worker(["--index", "5"]) as worker:
         client = worker.client()
-        payload = wire.function_payload(wait_for_release)
+        payload = functions.pickle_function(wait_for_release)
         client.register_function(payload.function_hash, payload.kind, payload.payload)
         args = wire.encode(((str(fifo),), {}))
         outcome: dict[str, Any] = {}
@@ -165,7 +166,7 @@ def test_a_clean_stop_leaves_no_fatal_error_on_stderr(stop: str) -> None:
         line = proc.stdout.readline()
         assert line.startswith("jaxcluster worker listening on "), line
         client = core.WorkerClient(line.split()[-1])
-        payload = wire.function_payload(_double)
+        payload = functions.pickle_function(_double)
         client.register_function(payload.function_hash, payload.kind, payload.payload)
         args = wire.encode(((21,), {}))
         reply = client.run_closure(payload.function_hash, args.pickle, args.buffers)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from jaxcluster import wire
+from jaxcluster.coordinator import functions
 from support.workers import WorkerProc, running_worker
 
 grpc = pytest.importorskip("grpc")
@@ -99,7 +100,7 @@ def test_a_closure_round_trips_through_grpcio(
     stub: Any, stubs: tuple[ModuleType, ModuleType]
 ) -> None:
     pb2 = stubs[0]
-    payload = wire.function_payload(lambda a: a[::-1] * 2)
+    payload = functions.pickle_function(lambda a: a[::-1] * 2)
     _register(stub, pb2, payload)
     args = wire.encode(((np.arange(5),), {}))
     reply = stub.RunClosure(
@@ -149,7 +150,7 @@ def _streamed_closure(pb2: ModuleType, function_hash: bytes, closure_id: int, n:
 
 def test_closures_stream_through_grpcio(stub: Any, stubs: tuple[ModuleType, ModuleType]) -> None:
     pb2 = stubs[0]
-    payload = wire.function_payload(lambda n: n * 10)
+    payload = functions.pickle_function(lambda n: n * 10)
     _register(stub, pb2, payload)
     requests = [
         pb2.RunClosuresRequest(
@@ -181,7 +182,7 @@ def test_a_stream_without_the_token_is_unauthenticated_and_runs_nothing(
     stub: Any, stubs: tuple[ModuleType, ModuleType], metadata: tuple[tuple[str, str], ...]
 ) -> None:
     pb2 = stubs[0]
-    payload = wire.function_payload(lambda n: n + 1)
+    payload = functions.pickle_function(lambda n: n + 1)
     _register(stub, pb2, payload)
     before = stub.GetStatus(pb2.GetStatusRequest(), metadata=AUTH, timeout=30)
     request = pb2.RunClosuresRequest(closures=[_streamed_closure(pb2, payload.function_hash, 1, 1)])

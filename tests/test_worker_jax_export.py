@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxcluster import wire
+from jaxcluster.coordinator import functions
 from support.workers import WorkerProc, running_worker
 
 jax = pytest.importorskip("jax")
@@ -38,7 +39,7 @@ def test_an_exported_jit_function_matches_local_results(worker: WorkerProc) -> N
         "w2": rng.normal(size=(16, 4)).astype(np.float32),
     }
     x = rng.normal(size=(32, 8)).astype(np.float32)
-    exported = wire.export_jax(mlp_step, (params, x))
+    exported = functions.export_function(mlp_step, (params, x))
     assert exported.kind == "jax_export"
 
     client = worker.client()
@@ -56,7 +57,7 @@ def test_an_exported_jit_function_matches_local_results(worker: WorkerProc) -> N
 
 def test_an_export_for_another_platform_is_a_function_load_error(worker: WorkerProc) -> None:
     x = np.ones((2, 2), np.float32)
-    exported = wire.export_jax(lambda a: a * 2, (x,), platforms=["cuda"])
+    exported = functions.export_function(lambda a: a * 2, (x,), platforms=["cuda"])
     client = worker.client()
     client.register_function(exported.function_hash, exported.kind, exported.payload)
     args = wire.encode(((x,), {}))

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from jaxcluster import wire
+from jaxcluster.coordinator import functions
+from jaxcluster.coordinator._errors import rebuild_exception
 from jaxcluster.errors import NotFoundError
 from jaxcluster.worker import get_current_worker_index
 from support.workers import WorkerProc, running_worker
@@ -27,7 +29,7 @@ def worker() -> Iterator[WorkerProc]:
 
 
 def register(client: Any, fn: Any) -> bytes:
-    payload = wire.function_payload(fn)
+    payload = functions.pickle_function(fn)
     client.register_function(payload.function_hash, payload.kind, payload.payload)
     return payload.function_hash
 
@@ -66,7 +68,7 @@ def test_registration_is_idempotent_and_counted(worker: WorkerProc) -> None:
     def triple(v: int) -> int:
         return 3 * v
 
-    payload = wire.function_payload(triple)
+    payload = functions.pickle_function(triple)
     before = client.get_status()["functions_registered"]
     assert client.register_function(payload.function_hash, payload.kind, payload.payload) is False
     assert client.register_function(payload.function_hash, payload.kind, payload.payload) is True
@@ -92,7 +94,7 @@ def test_a_user_exception_comes_back_structured(worker: WorkerProc) -> None:
     assert "in fails" in error["traceback"]
     assert 'raise CustomError(f"bad input {n}")' in error["traceback"]
     assert "executor.py" not in error["traceback"]
-    rebuilt = wire.rebuild_exception(error)
+    rebuilt = rebuild_exception(error)
     assert type(rebuilt) is CustomError and str(rebuilt) == "bad input 7"
     status = client.get_status()
     assert status["closures_failed"] == status_before["closures_failed"] + 1
@@ -179,7 +181,7 @@ def test_resources_are_created_used_and_released(worker: WorkerProc) -> None:
     assert client.release_resource([501, 999]) == 1
     error = run(client, take_hash, ref, 1)["error"]
     assert error["kind"] == "input" and error["resource_id"] == 501
-    assert isinstance(wire.rebuild_exception(error), NotFoundError)
+    assert isinstance(rebuild_exception(error), NotFoundError)
     assert "holds no resource 501" in error["message"]
 
 
@@ -197,7 +199,7 @@ def test_a_failed_resource_fails_its_users_with_the_original_error(worker: Worke
     assert created["error"]["message"] == "dataset_fn exploded"
     error = run(client, register(client, use), wire.ResourceRef(502))["error"]
     assert error["kind"] == "input" and error["resource_id"] == 502
-    original = wire.rebuild_exception(error)
+    original = rebuild_exception(error)
     assert isinstance(original, ValueError) and str(original) == "dataset_fn exploded"
 
 

@@ -14,6 +14,7 @@ import cloudpickle
 import pytest
 
 from jaxcluster import wire
+from jaxcluster.coordinator import functions
 from support.workers import WorkerProc, running_worker
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -36,7 +37,7 @@ def timed_square(n: int) -> tuple[int, float, float]:
 
 def test_many_threads_share_one_client_and_closures_never_overlap(worker: WorkerProc) -> None:
     client = worker.client()
-    payload = wire.function_payload(timed_square)
+    payload = functions.pickle_function(timed_square)
     client.register_function(payload.function_hash, payload.kind, payload.payload)
 
     def call(n: int) -> tuple[int, float, float]:
@@ -59,6 +60,7 @@ def test_many_threads_share_one_client_and_closures_never_overlap(worker: Worker
 FORK_SCRIPT = """
 import os, sys
 from jaxcluster._native import core
+from jaxcluster.coordinator import functions
 client = core.WorkerClient(sys.argv[1], auth_token=sys.argv[2])
 client.get_status()  # the runtime now exists in this process
 read_end, write_end = os.pipe()

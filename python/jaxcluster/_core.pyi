@@ -8,12 +8,116 @@ from typing_extensions import Self
 
 __version__: str
 
+# Every call that can wait releases the GIL while it waits and wakes every 50 ms to take it
+# just long enough to run Python's signal handlers, so Ctrl-C (or any handler that raises)
+# interrupts it with the handler's exception (rust/py/blocking.rs).
+#
+# Names, one spelling each (rust/rpc/codes.rs owns the tables): gRPC status codes by their
+# canonical names ("DEADLINE_EXCEEDED"); function kinds "cloudpickle" | "jax_export";
+# closure-error kinds "user" | "input" | "function_load" | "infrastructure" (and
+# "cancelled" for a ClosureError of a cancelled closure). Failed RPCs raise the
+# jaxcluster.errors class of their gRPC code: UnauthenticatedError, UnavailableError,
+# NotFoundError, InvalidArgumentError, ResourceExhaustedError, DeadlineExceededError,
+# CancelledError, FailedPreconditionError, AbortedError, InternalError.
+
+_FunctionKind = Literal["cloudpickle", "jax_export"]
+_ErrorKind = Literal["user", "input", "function_load", "infrastructure", "cancelled"]
+
+# --- Closure outcomes (rust/py/outcome.rs) ---------------------------------------------------
+
+@final
+class EncodedValue:
+    """A closure's result as the worker sent it: a pickle (protocol 5) and its out-of-band
+    buffers, for ``jaxcluster.wire.decode(value.pickle, value.buffers)``."""
+
+    def __new__(cls, pickle: bytes, buffers: Sequence[bytes] = ...) -> Self: ...
+    @property
+    def pickle(self) -> bytes: ...
+    @property
+    def buffers(self) -> list[bytes]: ...
+
+@final
+class ClosureError:
+    """Why a closure produced no value: a failure or a cancellation. Made by the dispatcher
+    (:meth:`ResultCell.result`), by :class:`WorkerClient` for a worker's structured error,
+    or from Python (tests, fakes). ``jaxcluster.coordinator._errors.build_exception(error)``
+    turns it into the exception to raise.
+
+    Example::
+
+        error = ClosureError("infrastructure", code="UNAVAILABLE",
+                             type_name="UnavailableError", message="worker gone")
+        error.kind, error["code"]    # ('infrastructure', 'UNAVAILABLE')
+    """
+
+    def __new__(
+        cls,
+        kind: _ErrorKind,
+        *,
+        type_name: str,
+        message: str,
+        module: str = ...,
+        traceback: str = ...,
+        code: str | None = None,
+        exception: bytes | None = None,
+        exception_buffers: Sequence[bytes] = ...,
+        worker: str = ...,
+        ps_task: int | None = None,
+        resource_id: int | None = None,
+    ) -> Self:
+        """``ValueError`` for an unknown ``kind`` or a ``code`` that is not a gRPC code
+        name."""
+
+    @property
+    def kind(self) -> _ErrorKind:
+        """``user`` (the function raised; ``function_load``: its payload did not load on
+        the worker), ``input`` (a per-worker resource it needed failed), ``infrastructure``
+        (with ``code``) or ``cancelled``."""
+
+    @property
+    def code(self) -> str | None:
+        """The gRPC code name of an infrastructure failure or a cancellation, else None."""
+
+    @property
+    def type_name(self) -> str:
+        """The exception's ``__qualname__``; for infrastructure failures and cancellations
+        the ``jaxcluster.errors`` class of ``code``."""
+
+    @property
+    def module(self) -> str:
+        """The exception's ``__module__``."""
+
+    @property
+    def message(self) -> str: ...
+    @property
+    def traceback(self) -> str:
+        """The formatted remote traceback, or empty."""
+
+    @property
+    def exception(self) -> bytes | None:
+        """The pickled exception when the worker could pickle it (and it unpickled there)."""
+
+    @property
+    def exception_buffers(self) -> list[bytes]:
+        """Out-of-band buffers of :attr:`exception`."""
+
+    @property
+    def worker(self) -> str:
+        """Address of the worker it happened on (empty for a cancellation)."""
+
+    @property
+    def ps_task(self) -> int | None:
+        """The parameter-server task of a ps failure, else None."""
+
+    @property
+    def resource_id(self) -> int | None:
+        """The per-worker resource of an ``input`` error a worker reported, else None."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """The field ``key`` (``KeyError`` for any other), so a :class:`WorkerClient`
+        reply reads like the dict the rest of it is."""
+
 # --- Worker protocol (rust/py/worker.rs, rust/py/client.rs) --------------------------------
-# Everything below is blocking and releases the GIL while it waits; waits wake every
-# 50-100 ms to let signal handlers (Ctrl-C) run. Failed RPCs raise the jaxcluster.errors
-# class of their gRPC code: UnauthenticatedError, UnavailableError, NotFoundError,
-# InvalidArgumentError, ResourceExhaustedError, DeadlineExceededError, CancelledError,
-# FailedPreconditionError, AbortedError, InternalError.
 
 @final
 class WorkerServer:
@@ -112,7 +216,7 @@ class WorkerJob:
         """SHA-256 of the function payload (``run`` and ``create_resource`` jobs)."""
 
     @property
-    def function_kind(self) -> Literal["cloudpickle", "jax_export"] | None: ...
+    def function_kind(self) -> _FunctionKind | None: ...
     @property
     def function_payload(self) -> bytes | None:
         """The registered payload; copied on each access, so read it only on a cache miss."""
@@ -153,8 +257,8 @@ class WorkerJob:
         ``ps_task`` names the parameter-server task when the error is a ps failure."""
 
     def reply_status(self, code: str, message: str) -> None:
-        """Answers with an RPC error: ``code`` is a gRPC code name such as
-        ``"INVALID_ARGUMENT"``, ``"NOT_FOUND"``, ``"UNAVAILABLE"`` or ``"INTERNAL"``."""
+        """Answers with an RPC error: ``code`` is a gRPC code name other than ``"OK"``, such
+        as ``"INVALID_ARGUMENT"``, ``"NOT_FOUND"``, ``"UNAVAILABLE"`` or ``"INTERNAL"``."""
 
 @final
 class WorkerClient:
@@ -197,10 +301,15 @@ class WorkerClient:
         """``[{"name": "/job:worker/replica:0/task:0/device:CPU:0", "device_type": "CPU"}]``."""
 
     def register_function(
-        self, function_hash: bytes, kind: str, payload: bytes, *, timeout: float | None = None
+        self,
+        function_hash: bytes,
+        kind: _FunctionKind,
+        payload: bytes,
+        *,
+        timeout: float | None = None,
     ) -> bool:
-        """Stores ``payload`` (``kind`` 'cloudpickle' or 'jax_export') under its 32-byte
-        SHA-256 ``function_hash``; returns whether the worker already held it."""
+        """Stores ``payload`` under its 32-byte SHA-256 ``function_hash``; returns whether
+        the worker already held it."""
 
     def run_closure(
         self,
@@ -213,11 +322,9 @@ class WorkerClient:
     ) -> dict[str, Any]:
         """Runs a registered function on pickled ``(args, kwargs)``. Returns
         ``{"closure_id", "value", "buffers", "error"}``: ``value``/``buffers`` hold the
-        pickled result, or ``error`` is a dict with ``kind`` ('user' | 'input' |
-        'function_load' | 'infrastructure'), ``type_name``, ``module``, ``message``,
-        ``traceback``, ``exception`` (pickled, or None), ``exception_buffers``,
-        ``resource_id`` and ``ps_task`` (the ps task of a parameter-server failure, or
-        None). ``timeout=None`` waits as long as the closure runs."""
+        pickled result, or ``error`` is the :class:`ClosureError` the worker reported (its
+        ``worker`` is this client's address). ``timeout=None`` waits as long as the closure
+        runs."""
 
     def create_resource(
         self,
@@ -437,11 +544,9 @@ class ClosureQueue:
 
 # --- Dispatcher (rust/py/dispatch.rs) --------------------------------------------------------
 # The coordinator's Rust dispatcher: one thread per worker moves closures over gRPC with no
-# GIL on that path. Every wait releases the GIL and wakes every 50 ms for signal handlers, so
-# Ctrl-C interrupts it. A closure's failure is raised as the exception that
-# ``jaxcluster.coordinator._errors.build_exception(result_tuple)`` builds (until that module
-# exists: ``RemoteError``, ``ClosureInputError`` or the ``jaxcluster.errors`` class of the
-# gRPC code).
+# GIL on that path. A closure's failure is raised as the exception that
+# ``jaxcluster.coordinator._errors.build_exception(closure_error)`` builds from its
+# :class:`ClosureError`.
 
 @final
 class Dispatcher:
@@ -463,10 +568,10 @@ class Dispatcher:
         payload = cloudpickle.dumps(fn)
         fn_hash = hashlib.sha256(payload).digest()
         d = Dispatcher(["127.0.0.1:8470"], auth_token=token)
-        d.register_function(fn_hash, 0, payload)
+        d.register_function(fn_hash, "cloudpickle", payload)
         cell = d.schedule(fn_hash, args_pickle, [], [])
         cell.wait()
-        status, pickle, buffers = cell.result()
+        result = cell.result()   # an EncodedValue, or a ClosureError
         d.shutdown()
     """
 
@@ -491,11 +596,10 @@ class Dispatcher:
         until it reports idle. Raises ``ValueError`` for a bad argument or environment
         variable and ``InvalidArgumentError`` for an address that is not ``HOST:PORT``."""
 
-    def register_function(self, hash: bytes, kind: int, payload: bytes) -> None:
-        """Registers a function payload (``kind`` 0: cloudpickle, 1: ``jax.export``
-        serialization) under ``hash``, its 32-byte SHA-256 (checked). Each worker is sent
-        the payload the first time a closure there needs it, and again after it restarts.
-        Idempotent."""
+    def register_function(self, hash: bytes, kind: _FunctionKind, payload: bytes) -> None:
+        """Registers a function payload under ``hash``, its 32-byte SHA-256 (checked);
+        ``ValueError`` for an unknown ``kind``. Each worker is sent the payload the first
+        time a closure there needs it, and again after it restarts. Idempotent."""
 
     def schedule(
         self,
@@ -566,19 +670,10 @@ class ResultCell:
     def closure_id(self) -> int:
         """The closure's id, as the worker saw it."""
 
-    def result(
-        self,
-    ) -> (
-        tuple[Literal["ok"], bytes, list[bytes]]
-        | tuple[Literal["error"], str, str, str, str, str, bytes, str, int | None]
-        | tuple[Literal["cancelled"], str]
-    ):
-        """``("ok", pickle, buffers)``; ``("error", kind, type_name, module, message,
-        traceback, pickled_exception, worker, ps_task)`` with ``kind`` ``'user'`` |
-        ``'input'`` | ``'infra:<GRPC_CODE_NAME>'``, ``pickled_exception`` empty when the
-        worker could not pickle it and ``ps_task`` the parameter-server task of a ps
-        failure (else None); or ``("cancelled", message)``. ``RuntimeError`` while
-        NOT_READY."""
+    def result(self) -> EncodedValue | ClosureError:
+        """The closure's value, or the :class:`ClosureError` of its failure or
+        cancellation (``kind`` ``'user'``, ``'input'``, ``'infrastructure'`` or
+        ``'cancelled'``). ``RuntimeError`` while NOT_READY."""
 
 @final
 class PerWorkerResource:

@@ -16,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AbortedError",
     "CancelledError",
@@ -48,7 +50,58 @@ class UnavailableError(JaxClusterError, ConnectionError):
 
 
 class PSUnavailableError(UnavailableError):
-    """A parameter-server task could not be reached."""
+    """A parameter-server task could not be reached, or restarted and lost its variables.
+
+    ``task_type`` is ``"ps"``, ``task_id`` the ps task's index and ``address`` its
+    ``host:port`` (each ``None`` when not known); ``original_exception`` is the error that
+    revealed the failure, as on TF's class of this name; ``detail`` says what happened
+    (default: ``str(original_exception)``). The error pickles with all of them, so one
+    raised inside a closure on a worker reaches the coordinator intact. A message alone,
+    ``PSUnavailableError("...")``, is accepted too, as for every class here.
+
+    Example::
+
+        error = PSUnavailableError(1, "10.0.0.2:2222", ConnectionRefusedError("refused"))
+        str(error)      # 'parameter server task 1 (10.0.0.2:2222) is unavailable: refused'
+        error.task_id   # 1
+    """
+
+    def __init__(
+        self,
+        task_id: int | str | None = None,
+        address: str | None = None,
+        original_exception: BaseException | None = None,
+        detail: str | None = None,
+    ) -> None:
+        if isinstance(task_id, str) and address is None and detail is None:
+            task_id, detail = None, task_id  # the message-only form
+        if task_id is not None and (isinstance(task_id, bool) or not isinstance(task_id, int)):
+            raise TypeError(f"task_id={task_id!r}; expected a ps task index (int) or None")
+        if detail is None and original_exception is not None:
+            detail = str(original_exception)
+        self.task_type = "ps"
+        self.task_id: int | None = task_id
+        self.address = address
+        self.original_exception = original_exception
+        self.detail = detail
+        super().__init__(_ps_message(task_id, address, detail))
+
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        # The constructor's arguments, not ``args`` (the message): an exception pickles as
+        # ``cls(*args)`` by default, which would lose the task here. A subclass with its own
+        # constructor keeps the default.
+        if type(self).__init__ is not PSUnavailableError.__init__:
+            return super().__reduce__()
+        fields = (self.task_id, self.address, self.original_exception, self.detail)
+        return (type(self), fields, self.__dict__)
+
+
+def _ps_message(task_id: int | None, address: str | None, detail: str | None) -> str:
+    if task_id is None and address is None:
+        return detail or "a parameter server task is unavailable"
+    task = "parameter server task" if task_id is None else f"parameter server task {task_id}"
+    where = f" ({address})" if address else ""
+    return f"{task}{where} is unavailable" + (f": {detail}" if detail else "")
 
 
 class AbortedError(JaxClusterError):

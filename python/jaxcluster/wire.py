@@ -17,8 +17,8 @@ encoding and decoding (measured: 64 float32 values, 15 -> 8 us to encode, 8 -> 5
 decode). The array that comes back is the same (read-only over the received buffer, as
 numpy's own out-of-band pickles give).
 
-Functions are content-addressed: :func:`function_payload` serializes a callable (or a
-``jax.jit`` function with :func:`export_jax`) and names it by the SHA-256 of the bytes.
+Functions are content-addressed by :func:`content_hash` (the SHA-256 of their payload);
+``jaxcluster.coordinator.functions`` makes the payloads.
 
 Example::
 
@@ -36,27 +36,21 @@ import io
 import pickle
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxcluster import errors
 from jaxcluster._source_code import SourcePickler
-from jaxcluster._source_code import dumps as _dumps_function
 
 __all__ = [
     "PICKLE_PROTOCOL",
-    "Encoded",
-    "FunctionPayload",
+    "EncodedValue",
     "ResourceRef",
     "content_hash",
     "decode",
     "encode",
-    "export_jax",
     "fast_encode",
-    "function_payload",
     "rebuild_array",
-    "rebuild_exception",
 ]
 
 PICKLE_PROTOCOL = 5
@@ -79,7 +73,7 @@ class ResourceRef:
 
 
 @dataclass(frozen=True)
-class Encoded:
+class EncodedValue:
     """A pickled value and its out-of-band buffers, ready for a ``Value`` message."""
 
     pickle: bytes
@@ -203,7 +197,7 @@ class _Reusable(threading.local):
 _reusable = _Reusable()
 
 
-def fast_encode(value: Any) -> Encoded:
+def fast_encode(value: Any) -> EncodedValue:
     """Pickles ``value`` with the C pickler and no per-object Python hook. Raises for
     anything it does not handle the way :func:`encode` does (callers fall back to
     :func:`encode`): unpicklable objects and :class:`ResourceRef`."""
@@ -214,14 +208,14 @@ def fast_encode(value: Any) -> Encoded:
         pickler = pickle.Pickler(stream, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
         pickler.dispatch_table = _dispatch_table()
         pickler.dump(value)
-        return Encoded(stream.getvalue(), [b.raw().tobytes() for b in buffers])
+        return EncodedValue(stream.getvalue(), [b.raw().tobytes() for b in buffers])
     table = _dispatch_table()
     if state.table is not table:
         state.pickler.dispatch_table = state.table = table
     state.busy = True
     try:
         state.pickler.dump(value)
-        return Encoded(state.stream.getvalue(), [b.raw().tobytes() for b in state.buffers])
+        return EncodedValue(state.stream.getvalue(), [b.raw().tobytes() for b in state.buffers])
     finally:
         state.pickler.clear_memo()
         state.stream.seek(0)
@@ -230,15 +224,15 @@ def fast_encode(value: Any) -> Encoded:
         state.busy = False
 
 
-def _dump(pickler_type: type, value: Any) -> Encoded:
+def _dump(pickler_type: type, value: Any) -> EncodedValue:
     stream = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
     pickler_type(stream, buffers).dump(value)
     # The Rust core takes bytes (the stable ABI has no buffer protocol), hence one copy.
-    return Encoded(stream.getvalue(), [b.raw().tobytes() for b in buffers])
+    return EncodedValue(stream.getvalue(), [b.raw().tobytes() for b in buffers])
 
 
-def encode(value: Any) -> Encoded:
+def encode(value: Any) -> EncodedValue:
     """Pickles ``value`` with out-of-band buffers; falls back to cloudpickle when needed.
 
     Raises ``pickle.PicklingError`` naming the value's type when neither can pickle it.
@@ -302,80 +296,3 @@ def decode(
 def content_hash(payload: bytes) -> bytes:
     """The 32-byte SHA-256 digest that names a function payload."""
     return hashlib.sha256(payload).digest()
-
-
-@dataclass(frozen=True)
-class FunctionPayload:
-    """A serialized function as ``RegisterFunction`` sends it."""
-
-    kind: str
-    payload: bytes
-    function_hash: bytes
-
-    @classmethod
-    def of(cls, kind: str, payload: bytes) -> FunctionPayload:
-        """Wraps ``payload`` of ``kind`` (``"cloudpickle"`` or ``"jax_export"``)."""
-        return cls(kind, payload, content_hash(payload))
-
-
-def function_payload(fn: Callable[..., Any]) -> FunctionPayload:
-    """Cloudpickles a callable for ``RegisterFunction``."""
-    if not callable(fn):
-        raise TypeError(
-            f"expected a callable to send to workers, got {type(fn).__qualname__}: {fn!r}"
-        )
-    return FunctionPayload.of("cloudpickle", _dumps_function(fn))
-
-
-def export_jax(
-    fn: Callable[..., Any],
-    args: Sequence[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    platforms: Sequence[str] | None = None,
-) -> FunctionPayload:
-    """Exports ``fn`` with ``jax.export`` for arguments shaped like ``args``/``kwargs``.
-
-    ``fn`` may be a ``jax.jit`` function or a plain function (it is jitted). ``platforms``
-    defaults to this process's backend; give the workers' (e.g. ``["tpu"]``) when they
-    differ. The payload is the serialized ``Exported``, cached on workers by its hash.
-    """
-    import jax
-    import numpy as np
-    from jax import export
-
-    def spec(x: Any) -> Any:
-        if isinstance(x, jax.ShapeDtypeStruct):
-            return x
-        array = x if isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x)
-        return jax.ShapeDtypeStruct(array.shape, jax.dtypes.canonicalize_dtype(array.dtype))
-
-    jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
-    arg_specs = jax.tree_util.tree_map(spec, tuple(args))
-    kwarg_specs = jax.tree_util.tree_map(spec, dict(kwargs or {}))
-    exporter = export.export(
-        jitted,  # type: ignore[arg-type]
-        platforms=None if platforms is None else tuple(platforms),
-    )
-    exported = exporter(*arg_specs, **kwarg_specs)
-    return FunctionPayload.of("jax_export", bytes(exported.serialize()))
-
-
-def rebuild_exception(error: Mapping[str, Any]) -> BaseException:
-    """The exception a worker reported (a ``ClosureError`` as a dict), rebuilt locally.
-
-    The pickled exception is used when it unpickles here; otherwise a
-    :class:`jaxcluster.errors.RemoteError` carries the type name, message and traceback.
-    """
-    pickled = error.get("exception")
-    if pickled:
-        try:
-            exc = decode(pickled, error.get("exception_buffers") or ())
-        except Exception:
-            exc = None
-        if isinstance(exc, BaseException):
-            return exc
-    module = error.get("module") or ""
-    qualname = error.get("type_name") or "Exception"
-    name = qualname if module in ("", "builtins") else f"{module}.{qualname}"
-    return errors.RemoteError(name, error.get("message") or "", error.get("traceback") or "")

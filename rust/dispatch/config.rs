@@ -12,7 +12,7 @@ pub const DEFAULT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Reconnection backoff cap, so a restarted worker is back in use within seconds.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// Closures a busy worker may have queued behind its running one when no worker is idle
-/// (see `pipeline.rs` for the measurements behind the number).
+/// (see `link/pipeline.rs` for the measurements behind the number).
 pub const DEFAULT_PIPELINE_DEPTH: usize = 16;
 
 /// What a closure error does to the rest (see SPEC §6).

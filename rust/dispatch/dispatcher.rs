@@ -1,6 +1,6 @@
 //! [`Dispatcher`]: the public face of the dispatcher and the state its links share.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
@@ -11,6 +11,7 @@ use super::closure::{CancelContext, Closure, Work};
 use super::config::DispatcherConfig;
 use super::failure::ClosureFailure;
 use super::functions::{FunctionKind, FunctionRegistry};
+use super::link::balance::Balance;
 use super::link::Link;
 use super::metrics::{Counters, Histogram, LatencySnapshot};
 use super::ps_failures::PsFailures;
@@ -42,13 +43,9 @@ pub(crate) struct Shared {
     pub stop: watch::Sender<bool>,
     /// How many links have given up.
     pub given_up: watch::Sender<usize>,
-    /// A closure failed under `cancel_all` and the error was not raised yet: links start
-    /// no closure meanwhile (each one they take is handed back, hence cancelled), so every
-    /// closure queued when a closure failed ends cancelled, never run.
-    pub failure_pending: AtomicBool,
-    /// Links that are up with nothing outstanding, waiting for work: while any is, no
-    /// busy link pipelines (see `pipeline.rs`).
-    pub idle_links: AtomicUsize,
+    /// What links tell each other so that pipelining stays work-conserving: idle links,
+    /// closures outstanding per link, reclaim requests, a pending `cancel_all` failure.
+    pub balance: Balance,
     /// Parameter-server failures reported by closures, counted per ps task.
     pub ps_failures: PsFailures,
 }
@@ -145,6 +142,7 @@ impl Dispatcher {
         let shared = Arc::new(Shared {
             queue: ClosureQueue::new(config.max_queue_size),
             ps_failures: PsFailures::new(config.transient_ps_failures),
+            balance: Balance::new(transports.len()),
             config,
             functions: FunctionRegistry::default(),
             resources: ResourceRegistry::default(),
@@ -154,8 +152,6 @@ impl Dispatcher {
             links,
             stop: watch::Sender::new(false),
             given_up: watch::Sender::new(0),
-            failure_pending: AtomicBool::new(false),
-            idle_links: AtomicUsize::new(0),
         });
         let dispatcher = Self {
             shared: Arc::clone(&shared),
@@ -344,7 +340,7 @@ impl Dispatcher {
         result: Result<R, QueueError<Arc<ClosureFailure>>>,
     ) -> Result<R, DispatchError> {
         if let Err(QueueError::Failed(_)) = &result {
-            self.shared.failure_pending.store(false, Ordering::SeqCst);
+            self.shared.balance.clear_failure_pending();
         }
         result.map_err(from_queue)
     }

@@ -1,8 +1,9 @@
 //! Why a closure failed: [`ClosureFailure`], built from a worker's structured error or from
-//! an RPC error, and carried to Python as a tuple.
+//! an RPC error, and carried to Python as a `ClosureError` (rust/py/outcome.rs).
 
 use tonic::Code;
 
+use crate::rpc::codes::{error_class, error_kind_name};
 use crate::rpc::{pb, RpcError};
 
 /// What kind of failure ended a closure; decides the Python exception class.
@@ -20,37 +21,22 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    /// The kind as the binding spells it: `"user"`, `"input"` or `"infra:<GRPC_CODE_NAME>"`
-    /// (e.g. `"infra:DEADLINE_EXCEEDED"`).
-    pub fn label(self) -> String {
-        match self {
-            Self::User => "user".to_owned(),
-            Self::Input => "input".to_owned(),
-            Self::Infra(code) => format!("infra:{}", code_name(code)),
-        }
+    /// The kind's name, as [`crate::rpc::codes::error_kind_name`] spells it: `"user"`,
+    /// `"input"` or `"infrastructure"`.
+    pub fn name(self) -> &'static str {
+        error_kind_name(match self {
+            Self::User => pb::ErrorKind::User,
+            Self::Input => pb::ErrorKind::Input,
+            Self::Infra(_) => pb::ErrorKind::Infrastructure,
+        })
     }
-}
 
-/// The canonical upper-case name of a gRPC status code, as in the gRPC spec.
-pub fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
+    /// The gRPC code of an infrastructure failure; `None` for the others.
+    pub fn code(self) -> Option<Code> {
+        match self {
+            Self::Infra(code) => Some(code),
+            Self::User | Self::Input => None,
+        }
     }
 }
 
@@ -64,7 +50,8 @@ pub fn code_name(code: Code) -> &'static str {
 ///     "every worker was given up".to_owned(),
 ///     "127.0.0.1:8470",
 /// );
-/// assert_eq!(failure.kind.label(), "infra:UNAVAILABLE");
+/// assert_eq!(failure.kind.name(), "infrastructure");
+/// assert_eq!(failure.kind.code(), Some(tonic::Code::Unavailable));
 /// assert!(failure.to_string().contains("127.0.0.1:8470"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -94,7 +81,7 @@ impl ClosureFailure {
     pub fn infra(code: Code, message: String, worker: &str) -> Self {
         Self {
             kind: FailureKind::Infra(code),
-            type_name: infra_type_name(code).to_owned(),
+            type_name: error_class(code).to_owned(),
             module: "jaxcluster.errors".to_owned(),
             message,
             traceback: String::new(),
@@ -150,24 +137,6 @@ impl ClosureFailure {
     }
 }
 
-/// The `jaxcluster.errors` class a gRPC code maps to.
-fn infra_type_name(code: Code) -> &'static str {
-    match code {
-        Code::Cancelled => "CancelledError",
-        Code::Unavailable => "UnavailableError",
-        Code::Aborted => "AbortedError",
-        Code::DeadlineExceeded => "DeadlineExceededError",
-        Code::InvalidArgument | Code::OutOfRange => "InvalidArgumentError",
-        Code::NotFound => "NotFoundError",
-        Code::Unauthenticated | Code::PermissionDenied => "UnauthenticatedError",
-        Code::ResourceExhausted => "ResourceExhaustedError",
-        Code::FailedPrecondition | Code::AlreadyExists => "FailedPreconditionError",
-        Code::Ok | Code::Unknown | Code::Unimplemented | Code::Internal | Code::DataLoss => {
-            "InternalError"
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,10 +167,11 @@ mod tests {
             ClosureFailure::from_worker(worker_error(pb::ErrorKind::FunctionLoad, vec![]), "w");
         assert_eq!(load.kind, FailureKind::User);
         let input = ClosureFailure::from_worker(worker_error(pb::ErrorKind::Input, vec![]), "w");
-        assert_eq!(input.kind.label(), "input");
+        assert_eq!(input.kind.name(), "input");
         let infra =
             ClosureFailure::from_worker(worker_error(pb::ErrorKind::Infrastructure, vec![]), "w");
-        assert_eq!(infra.kind.label(), "infra:INTERNAL");
+        assert_eq!(infra.kind.name(), "infrastructure");
+        assert_eq!(infra.kind.code(), Some(Code::Internal));
         assert_eq!(infra.ps_task, None);
     }
 

@@ -6,41 +6,14 @@ use std::sync::{Arc, PoisonError, RwLock};
 use bytes::Bytes;
 
 use super::DispatchError;
-use crate::rpc::{content_hash, pb, HASH_LEN};
-use crate::worker::validate::hex;
+use crate::rpc::{content_hash, hex, pb, HASH_LEN};
 
 /// A function's content hash (SHA-256 of its payload).
 pub type FunctionHash = [u8; HASH_LEN];
 
-/// How a worker loads a payload.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FunctionKind {
-    /// A cloudpickle of a Python callable (binding kind 0).
-    Cloudpickle,
-    /// `jax.export.Exported.serialize()` output (binding kind 1).
-    JaxExport,
-}
-
-impl FunctionKind {
-    /// The kind for the binding's integer: 0 cloudpickle, 1 jax export.
-    pub fn from_binding(kind: i64) -> Result<Self, DispatchError> {
-        match kind {
-            0 => Ok(Self::Cloudpickle),
-            1 => Ok(Self::JaxExport),
-            other => Err(DispatchError::InvalidArgument(format!(
-                "function kind {other} is not supported; expected 0 (cloudpickle) or 1 \
-                 (jax.export serialization)"
-            ))),
-        }
-    }
-
-    fn wire(self) -> pb::FunctionKind {
-        match self {
-            Self::Cloudpickle => pb::FunctionKind::Cloudpickle,
-            Self::JaxExport => pb::FunctionKind::JaxExport,
-        }
-    }
-}
+/// How a worker loads a payload: the protocol's own enum, named by
+/// [`crate::rpc::codes::function_kind_name`].
+pub use crate::rpc::pb::FunctionKind;
 
 /// A registered function payload; shared by every closure and link that uses it.
 #[derive(Debug)]
@@ -66,7 +39,7 @@ impl Function {
     pub(crate) fn register_request(&self) -> pb::RegisterFunctionRequest {
         pb::RegisterFunctionRequest {
             function_hash: self.hash_bytes.clone(),
-            kind: self.kind.wire().into(),
+            kind: self.kind.into(),
             payload: self.payload.clone(),
         }
     }
@@ -208,15 +181,5 @@ mod tests {
             unknown.to_string().contains("register_function"),
             "{unknown}"
         );
-    }
-
-    #[test]
-    fn binding_kinds_are_checked() {
-        assert_eq!(
-            FunctionKind::from_binding(1).unwrap(),
-            FunctionKind::JaxExport
-        );
-        let err = FunctionKind::from_binding(5).unwrap_err();
-        assert!(err.to_string().contains("kind 5"), "{err}");
     }
 }

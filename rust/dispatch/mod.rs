@@ -12,12 +12,14 @@
 //!   idle** — the contract's bounded pipelining — and takes them back (`return_queued`)
 //!   when a link goes idle and finds the queue empty, so dispatch stays work-conserving as
 //!   TF's: a closure never waits behind another on a busy worker while a worker is idle.
-//!   The rule, the reclaiming and the measurements behind the depth are in `pipeline.rs`.
+//!   A link is one state machine, its parts together in `link/`: the rule and its
+//!   memory-ordering argument in `link/balance.rs`, the stream, the reclaiming and the
+//!   measurements behind the depth in `link/pipeline.rs`, recovery in `link/recovery.rs`.
 //!   Per-worker resource work (tagged items, served first) goes one item at a time, when
 //!   nothing is outstanding.
 //! - Outcomes land in [`ResultCell`]s; failures are [`ClosureFailure`]s; per-worker values
 //!   are [`PerWorkerResource`]s; everything a worker is asked goes through the
-//!   [`WorkerTransport`] trait (the tonic client for real, [`fake`] in tests and benches).
+//!   [`WorkerTransport`] trait (the tonic client for real, `fake` in tests and benches).
 //!
 //! # Threads, runtime and ownership
 //!
@@ -104,15 +106,15 @@
 mod closure;
 pub mod config;
 mod dispatcher;
-mod execute;
 pub mod failure;
+/// Built only for tests and benches (`cfg(test)`, or the `testing` feature that the
+/// crate's dev-dependency on itself turns on), never into the wheel.
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod functions;
 mod link;
 pub mod metrics;
-mod pipeline;
 mod ps_failures;
-mod recovery;
 pub mod resources;
 pub mod result_cell;
 mod status;

@@ -1,11 +1,8 @@
 //! What each link reports about its worker: state, since when, the last error and the
 //! last `GetStatus` answer.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
-
-use tokio::sync::Notify;
 
 use crate::rpc::pb;
 
@@ -60,11 +57,6 @@ pub(crate) struct LinkStatus {
     index: usize,
     address: String,
     info: Mutex<Info>,
-    /// Closures sent to the worker and not answered yet (see `pipeline.rs`).
-    pub outstanding: AtomicUsize,
-    /// Asks the link to take back what its worker has queued (an idle link is starving,
-    /// or a closure failed under `cancel_all`).
-    pub reclaim: Notify,
 }
 
 impl LinkStatus {
@@ -80,14 +72,7 @@ impl LinkStatus {
                 last_error: None,
                 status: None,
             }),
-            outstanding: AtomicUsize::new(0),
-            reclaim: Notify::new(),
         }
-    }
-
-    /// Closures outstanding on this link's worker right now.
-    pub fn outstanding(&self) -> usize {
-        self.outstanding.load(Ordering::SeqCst)
     }
 
     fn lock(&self) -> MutexGuard<'_, Info> {

@@ -1,5 +1,5 @@
 //! The dispatcher's view of one worker: the [`WorkerTransport`] trait, implemented for real
-//! by the tonic [`WorkerClient`] and in memory by [`super::fake`].
+//! by the tonic [`WorkerClient`] and in memory by `super::fake` (tests and benches only).
 //!
 //! Messages are the protocol's own (`crate::rpc::pb`) and errors are [`RpcError`], so the
 //! real implementation is a straight delegation and the fake speaks exactly what a worker

@@ -2,23 +2,28 @@
 //!
 //! Every binding that waits goes through here, so the two rules hold everywhere: the GIL is
 //! released while Rust waits (other Python threads keep running, and a tokio task that
-//! needs the GIL cannot deadlock against us), and a wait that can last long wakes up often
-//! enough for Ctrl-C to get through.
+//! needs the GIL cannot deadlock against us), and a wait that can last long wakes up every
+//! [`SIGNAL_POLL`] to take the GIL just long enough to run Python's signal handlers, so
+//! Ctrl-C (or any handler that raises) ends it. [`detach_interruptible`] is that one wait;
+//! the others here are shapes of it (a future, a wait in slices, a [`WaitPolicy`]).
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError};
 use pyo3::prelude::*;
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 
 use super::errors::rpc_error;
+use crate::queue::WaitPolicy;
 use crate::rpc::RpcError;
 use crate::runtime::runtime;
 
-/// How often a blocking RPC wakes up to let Python handle signals.
-const SIGNAL_POLL: Duration = Duration::from_millis(100);
+/// How often a blocked call takes the GIL to run signal handlers: the longest Ctrl-C waits
+/// to be noticed. Each check costs a GIL round trip (a few microseconds), so 20 a second is
+/// free for a wait and quick for a person.
+pub(crate) const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// How long stopping a server lets in-flight RPCs complete after closing the listener.
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -49,8 +54,77 @@ where
     Ok(py.detach(|| rt.block_on(future)))
 }
 
-/// Runs `future` on the shared runtime with the GIL released, checking for signals
-/// between short waits; a pending `KeyboardInterrupt` drops (cancels) the future.
+/// Runs `wait` with the GIL released, handing it a `check` to call every [`SIGNAL_POLL`]
+/// while it blocks. `check` takes the GIL, runs Python's signal handlers and returns `true`
+/// once one raised; `wait` should then stop. Returns what `wait` returned and the
+/// exception the handler raised, if one did (see [`interrupted`]).
+pub(crate) fn detach_interruptible<R: Send>(
+    py: Python<'_>,
+    wait: impl FnOnce(&mut dyn FnMut() -> bool) -> R + Send,
+) -> (R, Option<PyErr>) {
+    let mut raised: Option<PyErr> = None;
+    let result = py.detach(|| {
+        // The method path is not general enough over the GIL lifetime, hence the closure.
+        #[allow(clippy::redundant_closure_for_method_calls)]
+        let mut check = || match Python::attach(|py| py.check_signals()) {
+            Ok(()) => false,
+            Err(err) => {
+                raised = Some(err);
+                true
+            }
+        };
+        wait(&mut check)
+    });
+    (result, raised)
+}
+
+/// The exception for a wait a signal cut short: the one its handler raised, else
+/// `KeyboardInterrupt`.
+pub(crate) fn interrupted(raised: Option<PyErr>) -> PyErr {
+    raised.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting"))
+}
+
+/// Runs a blocking core operation (a queue or dispatcher call taking a [`WaitPolicy`])
+/// until `deadline`, interruptibly. `Ok` is the operation's own result; `Err(raised)`
+/// means the operation reported an interrupt and carries the handler's exception.
+pub(crate) fn with_wait_policy<R: Send>(
+    py: Python<'_>,
+    deadline: Option<Instant>,
+    op: impl FnOnce(&mut WaitPolicy<'_>) -> R + Send,
+) -> (R, Option<PyErr>) {
+    detach_interruptible(py, |check| {
+        let mut policy = WaitPolicy::until(deadline).interruptible(SIGNAL_POLL, check);
+        op(&mut policy)
+    })
+}
+
+/// Calls `ready(slice)` (which may block up to `slice`) until it returns `true`, the
+/// `timeout` passes (`false`), or a signal handler raises (its exception).
+pub(crate) fn wait_in_slices(
+    py: Python<'_>,
+    timeout: Option<Duration>,
+    mut ready: impl FnMut(Duration) -> bool + Send,
+) -> PyResult<bool> {
+    let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    let (result, raised) = detach_interruptible(py, |check| loop {
+        let slice = deadline.map_or(SIGNAL_POLL, |d| {
+            d.saturating_duration_since(Instant::now()).min(SIGNAL_POLL)
+        });
+        if ready(slice) {
+            return Some(true);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Some(false);
+        }
+        if check() {
+            return None;
+        }
+    });
+    result.ok_or_else(|| interrupted(raised))
+}
+
+/// Runs `future` on the shared runtime with the GIL released, checking for signals every
+/// [`SIGNAL_POLL`]; a handler that raises drops (cancels) the future.
 pub(crate) fn wait_for<F, T>(py: Python<'_>, future: F) -> PyResult<T>
 where
     F: Future<Output = Result<T, RpcError>> + Send,
@@ -58,14 +132,18 @@ where
 {
     let rt = runtime_or_err()?;
     let mut future = Box::pin(future);
-    loop {
+    let (result, raised) = detach_interruptible(py, |check| loop {
         // The timer must be created inside the runtime, hence the async block.
-        let polled = py
-            .detach(|| rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut future).await }));
+        let polled = rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut future).await });
         match polled {
-            Ok(result) => return result.map_err(|e| rpc_error(py, &e)),
-            Err(_elapsed) => py.check_signals()?,
+            Ok(result) => return Some(result),
+            Err(_elapsed) if check() => return None,
+            Err(_elapsed) => {}
         }
+    });
+    match result {
+        Some(result) => result.map_err(|e| rpc_error(py, &e)),
+        None => Err(interrupted(raised)),
     }
 }
 

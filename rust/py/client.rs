@@ -12,6 +12,8 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::blocking::{in_runtime, wait_for};
 use super::convert::{bytes_list, client_config, duration, to_bytes};
 use super::errors::new_error;
+use super::outcome::PyClosureError;
+use crate::rpc::codes::parse_function_kind;
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::{pb, WorkerClient};
 
@@ -20,16 +22,6 @@ fn value(pickle: Option<PyBackedBytes>, buffers: Vec<PyBackedBytes>) -> Option<p
         pickle: to_bytes(p),
         buffers: buffers.into_iter().map(to_bytes).collect(),
     })
-}
-
-pub(crate) fn function_kind(kind: &str) -> PyResult<pb::FunctionKind> {
-    match kind {
-        "cloudpickle" => Ok(pb::FunctionKind::Cloudpickle),
-        "jax_export" => Ok(pb::FunctionKind::JaxExport),
-        other => Err(PyValueError::new_err(format!(
-            "function kind {other:?} is not known; expected 'cloudpickle' or 'jax_export'"
-        ))),
-    }
 }
 
 /// `GetStatus` as a dict; shared with `WorkerServer.status()`.
@@ -63,36 +55,20 @@ pub(crate) fn status_dict<'py>(
     Ok(d)
 }
 
-fn error_dict<'py>(py: Python<'py>, e: &pb::ClosureError) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    let kind = match e.kind() {
-        pb::ErrorKind::User => "user",
-        pb::ErrorKind::Input => "input",
-        pb::ErrorKind::FunctionLoad => "function_load",
-        pb::ErrorKind::Infrastructure => "infrastructure",
-        pb::ErrorKind::Unspecified => "unspecified",
-    };
-    d.set_item("kind", kind)?;
-    d.set_item("type_name", &e.type_name)?;
-    d.set_item("module", &e.module)?;
-    d.set_item("message", &e.message)?;
-    d.set_item("traceback", &e.traceback)?;
-    match &e.exception {
-        Some(v) if !v.pickle.is_empty() => {
-            d.set_item("exception", PyBytes::new(py, &v.pickle))?;
-            d.set_item("exception_buffers", bytes_list(py, &v.buffers)?)?;
-        }
-        _ => {
-            d.set_item("exception", py.None())?;
-            d.set_item("exception_buffers", PyList::empty(py))?;
-        }
-    }
-    d.set_item("resource_id", e.resource_id)?;
-    d.set_item("ps_task", e.ps_task)?;
-    Ok(d)
+/// A worker's structured error as the `ClosureError` the dispatcher's failures also are.
+fn reported_error<'py>(
+    py: Python<'py>,
+    e: &pb::ClosureError,
+    worker: &str,
+) -> PyResult<Bound<'py, PyClosureError>> {
+    Bound::new(py, PyClosureError::from_reported(e, worker))
 }
 
-fn run_dict<'py>(py: Python<'py>, r: &pb::RunClosureResponse) -> PyResult<Bound<'py, PyDict>> {
+fn run_dict<'py>(
+    py: Python<'py>,
+    r: &pb::RunClosureResponse,
+    worker: &str,
+) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
     d.set_item("closure_id", r.closure_id)?;
     match &r.outcome {
@@ -104,7 +80,7 @@ fn run_dict<'py>(py: Python<'py>, r: &pb::RunClosureResponse) -> PyResult<Bound<
         Some(pb::run_closure_response::Outcome::Error(e)) => {
             d.set_item("value", py.None())?;
             d.set_item("buffers", PyList::empty(py))?;
-            d.set_item("error", error_dict(py, e)?)?;
+            d.set_item("error", reported_error(py, e, worker)?)?;
         }
         None => {
             return Err(new_error(
@@ -207,7 +183,9 @@ impl PyWorkerClient {
     ) -> PyResult<bool> {
         let request = pb::RegisterFunctionRequest {
             function_hash: to_bytes(function_hash),
-            kind: function_kind(kind)?.into(),
+            kind: parse_function_kind(kind)
+                .map_err(PyValueError::new_err)?
+                .into(),
             payload: to_bytes(payload),
         };
         let timeout = self.control_timeout(timeout)?;
@@ -232,7 +210,7 @@ impl PyWorkerClient {
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.run_closure(request, timeout))?;
-        run_dict(py, &response)
+        run_dict(py, &response, self.inner.address())
     }
 
     #[pyo3(signature = (resource_id, function_hash, args=None, buffers=Vec::new(), *, timeout=None))]
@@ -255,7 +233,7 @@ impl PyWorkerClient {
         let d = PyDict::new(py);
         d.set_item("resource_id", response.resource_id)?;
         match &response.error {
-            Some(e) => d.set_item("error", error_dict(py, e)?)?,
+            Some(e) => d.set_item("error", reported_error(py, e, self.inner.address())?)?,
             None => d.set_item("error", py.None())?,
         }
         Ok(d)

@@ -4,35 +4,35 @@
 //! The GIL is held only to convert arguments and results. Every wait (a full queue in
 //! `schedule`, `join`, `done`, `ResultCell.wait`) runs with the GIL released and takes it
 //! back every [`SIGNAL_POLL`] just long enough to run signal handlers, so Ctrl-C
-//! interrupts it; `shutdown` joins the link threads with the GIL released (they never
-//! need it, so it cannot deadlock). A closure's failure becomes a Python exception through
-//! `jaxcluster.coordinator._errors.build_exception(result_tuple)` (Python owns rebuilding
-//! user exceptions); until that module exists, an equivalent `jaxcluster.errors` exception
-//! is built here.
+//! interrupts it (`super::blocking`); `shutdown` joins the link threads with the GIL
+//! released (they never need it, so it cannot deadlock). A settled cell hands Python an
+//! `EncodedValue` or a `ClosureError` (`super::outcome`), and a closure's failure raised
+//! here becomes a Python exception through
+//! `jaxcluster.coordinator._errors.build_exception(closure_error)` (Python owns rebuilding
+//! user exceptions).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::Bytes;
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
-use super::blocking::in_runtime;
-use super::convert::{duration, to_bytes};
-use super::dispatch_convert::{
-    dispatch_error, interrupted, metrics_dict, outcome_tuple, worker_dict,
+use super::blocking::{
+    detach_interruptible, in_runtime, interrupted, with_wait_policy, SIGNAL_POLL,
 };
+use super::convert::{duration, to_bytes};
+use super::dispatch_convert::{dispatch_error, metrics_dict, worker_dict};
+use super::outcome::outcome_object;
 use crate::dispatch::{
-    DispatchError, Dispatcher, DispatcherConfig, EncodedValue, ErrorPolicy, FunctionKind,
-    PerWorkerResource, ResultCell,
+    DispatchError, Dispatcher, DispatcherConfig, EncodedValue, ErrorPolicy, PerWorkerResource,
+    ResultCell,
 };
 use crate::queue::WaitPolicy;
+use crate::rpc::codes::parse_function_kind;
 use crate::rpc::{ClientConfig, WorkerClient};
-
-/// How often a blocked call takes the GIL to check for signals (Ctrl-C latency bound).
-const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// The Python-facing dispatcher; documented in `_core.pyi`.
 #[pyclass(frozen, module = "jaxcluster._core", name = "Dispatcher")]
@@ -99,10 +99,10 @@ impl PyDispatcher {
         &self,
         py: Python<'_>,
         hash: &[u8],
-        kind: i64,
+        kind: &str,
         payload: PyBackedBytes,
     ) -> PyResult<()> {
-        let kind = FunctionKind::from_binding(kind).map_err(|e| dispatch_error(py, e))?;
+        let kind = parse_function_kind(kind).map_err(PyValueError::new_err)?;
         self.inner
             .register_function(hash, kind, to_bytes(payload))
             .map_err(|e| dispatch_error(py, e))
@@ -220,13 +220,10 @@ impl PyResultCell {
         if self.inner.outcome().is_some() {
             return Ok(true); // no GIL hand-off for a value that is already there
         }
-        let mut interrupt: Option<PyErr> = None;
-        let waited = py.detach(|| {
-            let mut check = || signal_pending(&mut interrupt);
-            self.inner
-                .wait_interruptible(deadline, SIGNAL_POLL, &mut check)
+        let (waited, raised) = detach_interruptible(py, |check| {
+            self.inner.wait_interruptible(deadline, SIGNAL_POLL, check)
         });
-        waited.map_err(|_| interrupted(interrupt))
+        waited.map_err(|_| interrupted(raised))
     }
 
     #[getter]
@@ -239,9 +236,9 @@ impl PyResultCell {
         self.inner.id()
     }
 
-    fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
+    fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         match self.inner.outcome() {
-            Some(outcome) => outcome_tuple(py, &outcome),
+            Some(outcome) => outcome_object(py, &outcome),
             None => Err(PyRuntimeError::new_err(format!(
                 "ResultCell.result(): closure {} has not finished (status NOT_READY); call \
                  wait() until it returns True first",
@@ -321,34 +318,17 @@ fn bytes_like(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     Ok(to_bytes(copied.extract::<PyBackedBytes>()?))
 }
 
-/// Runs a blocking dispatcher call with the GIL released, polling for signals.
+/// Runs a blocking dispatcher call with the GIL released, interruptibly.
 fn blocking<R, F>(py: Python<'_>, deadline: Option<Instant>, op: F) -> PyResult<R>
 where
     R: Send,
     F: FnOnce(&mut WaitPolicy<'_>) -> Result<R, DispatchError> + Send,
 {
-    let mut interrupt: Option<PyErr> = None;
-    let outcome = py.detach(|| {
-        let mut check = || signal_pending(&mut interrupt);
-        let mut policy = WaitPolicy::until(deadline).interruptible(SIGNAL_POLL, &mut check);
-        op(&mut policy)
-    });
+    let (outcome, raised) = with_wait_policy(py, deadline, op);
     outcome.map_err(|e| match e {
-        DispatchError::Interrupted => interrupted(interrupt),
+        DispatchError::Interrupted => interrupted(raised),
         e => dispatch_error(py, e),
     })
-}
-
-/// Takes the GIL to run signal handlers; keeps the exception one raised.
-#[allow(clippy::redundant_closure_for_method_calls)] // the method form is not general enough
-fn signal_pending(interrupt: &mut Option<PyErr>) -> bool {
-    match Python::attach(|py| py.check_signals()) {
-        Ok(()) => false,
-        Err(err) => {
-            *interrupt = Some(err);
-            true
-        }
-    }
 }
 
 /// A Python timeout in seconds as a deadline; `None` means none.

@@ -1,23 +1,16 @@
 //! Conversions for the dispatcher binding (`dispatch.rs`): dispatcher errors and closure
-//! failures to Python exceptions, outcomes to the result tuples, and metrics and worker
-//! statuses to dicts.
+//! failures to Python exceptions, and metrics and worker statuses to dicts.
 
-use pyo3::exceptions::{PyKeyboardInterrupt, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyDict, PyList};
 
+use super::blocking::interrupted;
 use super::client::status_dict;
-use super::convert::bytes_list;
-use super::errors::{error_type, new_error};
-use crate::dispatch::{
-    ClosureFailure, DispatchError, FailureKind, MetricsSnapshot, Outcome, WorkerSnapshot,
-};
-
-/// The exception a signal handler raised while a call waited, else `KeyboardInterrupt`.
-pub(super) fn interrupted(interrupt: Option<PyErr>) -> PyErr {
-    interrupt.unwrap_or_else(|| PyKeyboardInterrupt::new_err("interrupted while waiting"))
-}
+use super::errors::new_error;
+use super::outcome::PyClosureError;
+use crate::dispatch::{ClosureFailure, DispatchError, MetricsSnapshot, WorkerSnapshot};
 
 /// The one mapping from dispatcher errors to Python exceptions.
 pub(super) fn dispatch_error(py: Python<'_>, error: DispatchError) -> PyErr {
@@ -34,71 +27,18 @@ pub(super) fn dispatch_error(py: Python<'_>, error: DispatchError) -> PyErr {
     }
 }
 
-/// The exception for a closure's failure, built by Python's `build_exception` when it
-/// exists.
+/// The exception for a closure's failure: Python's
+/// `jaxcluster.coordinator._errors.build_exception` rebuilds it from the `ClosureError`,
+/// as it does for a `RemoteValue`, so both raise the same thing.
 fn closure_error(py: Python<'_>, failure: &ClosureFailure) -> PyErr {
     let built = (|| -> PyResult<PyErr> {
-        let tuple = failure_tuple(py, failure)?;
-        let builder = match py.import(intern!(py, "jaxcluster.coordinator._errors")) {
-            Ok(module) => module.getattr(intern!(py, "build_exception"))?,
-            Err(missing) if missing.is_instance_of::<pyo3::exceptions::PyImportError>(py) => {
-                return fallback_error(py, failure);
-            }
-            Err(other) => return Err(other),
-        };
-        Ok(PyErr::from_value(builder.call1((tuple,))?))
+        let error = Bound::new(py, PyClosureError::from_failure(failure))?;
+        let builder = py
+            .import(intern!(py, "jaxcluster.coordinator._errors"))?
+            .getattr(intern!(py, "build_exception"))?;
+        Ok(PyErr::from_value(builder.call1((error,))?))
     })();
     built.unwrap_or_else(|e| e)
-}
-
-/// What `build_exception` would raise, for when the Python module is not there yet.
-fn fallback_error(py: Python<'_>, failure: &ClosureFailure) -> PyResult<PyErr> {
-    let message = format!("{} (on worker {})", failure.message, failure.worker);
-    let remote = || {
-        error_type(py, "RemoteError")?.call1((
-            failure.type_name.as_str(),
-            message.as_str(),
-            failure.traceback.as_str(),
-        ))
-    };
-    Ok(match failure.kind {
-        FailureKind::User => PyErr::from_value(remote()?),
-        FailureKind::Input => {
-            PyErr::from_value(error_type(py, "ClosureInputError")?.call1((remote()?,))?)
-        }
-        FailureKind::Infra(_) => new_error(py, &failure.type_name, message),
-    })
-}
-
-fn failure_tuple<'py>(py: Python<'py>, f: &ClosureFailure) -> PyResult<Bound<'py, PyTuple>> {
-    (
-        "error",
-        f.kind.label(),
-        f.type_name.as_str(),
-        f.module.as_str(),
-        f.message.as_str(),
-        f.traceback.as_str(),
-        PyBytes::new(py, &f.pickled_exception),
-        f.worker.as_str(),
-        f.ps_task,
-    )
-        .into_pyobject(py)
-}
-
-pub(super) fn outcome_tuple<'py>(
-    py: Python<'py>,
-    outcome: &Outcome,
-) -> PyResult<Bound<'py, PyTuple>> {
-    match outcome {
-        Outcome::Value(value) => (
-            "ok",
-            PyBytes::new(py, &value.pickle),
-            bytes_list(py, &value.buffers)?,
-        )
-            .into_pyobject(py),
-        Outcome::Failed(failure) => failure_tuple(py, failure),
-        Outcome::Cancelled(why) => ("cancelled", why.as_str()).into_pyobject(py),
-    }
 }
 
 pub(super) fn metrics_dict<'py>(

@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
+use crate::rpc::codes::error_class;
 use crate::rpc::RpcError;
 
 static ERRORS_MODULE: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
@@ -29,19 +30,7 @@ pub fn new_error(py: Python<'_>, name: &str, message: String) -> PyErr {
     }
 }
 
-/// Maps an RPC failure to its `jaxcluster.errors` class.
+/// Maps an RPC failure to its `jaxcluster.errors` class (the class of its gRPC code).
 pub(crate) fn rpc_error(py: Python<'_>, error: &RpcError) -> PyErr {
-    let class = match error {
-        RpcError::Unauthenticated(_) => "UnauthenticatedError",
-        RpcError::Unavailable(_) => "UnavailableError",
-        RpcError::NotFound(_) => "NotFoundError",
-        RpcError::InvalidArgument(_) => "InvalidArgumentError",
-        RpcError::ResourceExhausted(_) => "ResourceExhaustedError",
-        RpcError::DeadlineExceeded(_) => "DeadlineExceededError",
-        RpcError::Cancelled(_) => "CancelledError",
-        RpcError::FailedPrecondition(_) => "FailedPreconditionError",
-        RpcError::Aborted(_) => "AbortedError",
-        RpcError::Internal(_) => "InternalError",
-    };
-    new_error(py, class, error.message().to_owned())
+    new_error(py, error_class(error.code()), error.message().to_owned())
 }

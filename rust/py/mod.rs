@@ -9,6 +9,7 @@ mod device;
 mod dispatch;
 mod dispatch_convert;
 mod errors;
+mod outcome;
 mod ps;
 mod queue;
 mod worker;
@@ -24,6 +25,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dispatch::PyDispatcher>()?;
     m.add_class::<dispatch::PyResultCell>()?;
     m.add_class::<dispatch::PyPerWorkerResource>()?;
+    m.add_class::<outcome::PyEncodedValue>()?;
+    m.add_class::<outcome::PyClosureError>()?;
     m.add_class::<ps::PyPsServer>()?;
     m.add_class::<ps::PyPsClient>()?;
     Ok(())

@@ -3,9 +3,8 @@
 //! Fast path: `put`/`get` first try the non-blocking core operation while holding the GIL
 //! (safe because no holder of the queue's lock ever waits for the GIL, see
 //! `crate::queue`), which costs one lock round trip and no GIL hand-off. Only when the
-//! call must block is the GIL released, and then the wait runs in slices, re-taking the
-//! GIL between them just long enough to run signal handlers, so Ctrl-C interrupts a
-//! blocked `get()` in the main thread.
+//! call must block is the GIL released, and then the wait is the one interruptible wait of
+//! `super::blocking`, so Ctrl-C interrupts a blocked `get()` in the main thread.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -18,11 +17,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::PyType;
 
+use super::blocking::with_wait_policy;
 use super::errors::new_error;
 use crate::queue::{Cancel, ClosureQueue, QueueError, Tag, TryGetError, WaitPolicy};
-
-/// How often a blocked call takes the GIL to check for signals (Ctrl-C latency bound).
-const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 /// A queued Python closure; cancelling it calls its `mark_cancelled()`.
 struct PyClosure(Py<PyAny>);
@@ -171,27 +168,15 @@ impl PyClosureQueue {
     }
 }
 
-/// Runs a blocking core operation with the GIL released, polling for signals every
-/// [`SIGNAL_POLL`]; a signal handler's exception (e.g. `KeyboardInterrupt`) is raised.
-#[allow(clippy::redundant_closure_for_method_calls)] // the method form is not general enough
+/// Runs a blocking core operation with the GIL released, interruptibly
+/// (`super::blocking`); a signal handler's exception (e.g. `KeyboardInterrupt`) is raised.
 fn blocking<R, F>(py: Python<'_>, deadline: Option<Instant>, op: F) -> PyResult<R>
 where
     R: Send,
     F: FnOnce(&mut WaitPolicy<'_>) -> Result<R, QueueError<Py<PyBaseException>>> + Send,
 {
-    let mut interrupt: Option<PyErr> = None;
-    let outcome = py.detach(|| {
-        let mut check_signals = || match Python::attach(|py| py.check_signals()) {
-            Ok(()) => false,
-            Err(err) => {
-                interrupt = Some(err);
-                true
-            }
-        };
-        let mut policy = WaitPolicy::until(deadline).interruptible(SIGNAL_POLL, &mut check_signals);
-        op(&mut policy)
-    });
-    outcome.map_err(|err| to_pyerr(py, err, interrupt))
+    let (outcome, raised) = with_wait_policy(py, deadline, op);
+    outcome.map_err(|err| to_pyerr(py, err, raised))
 }
 
 /// The one mapping from queue errors to Python exceptions.

@@ -3,49 +3,25 @@
 //! runs a job and while it builds the reply.
 
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
-use super::blocking::{block_detached, finish_serving};
+use super::blocking::{block_detached, finish_serving, wait_in_slices};
 use super::client::status_dict;
 use super::convert::{bytes_list, duration, to_bytes};
+use crate::rpc::codes::{function_kind_name, parse_code, parse_error_kind};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
 use crate::worker::{Job, JobReply, JobRequest, Pop, WorkerConfig, WorkerError, WorkerServer};
-
-/// Longest a blocking call waits before checking for signals.
-const SIGNAL_POLL: Duration = Duration::from_millis(50);
 
 fn worker_error(error: WorkerError) -> PyErr {
     match error {
         WorkerError::Config(message) => PyValueError::new_err(message),
         WorkerError::Bind { .. } => PyOSError::new_err(error.to_string()),
         WorkerError::Serve(message) => PyRuntimeError::new_err(message),
-    }
-}
-
-/// Waits in slices for `ready`, checking signals between them; `false` on timeout.
-fn wait_interruptibly(
-    py: Python<'_>,
-    timeout: Option<Duration>,
-    mut ready: impl FnMut(Duration) -> bool + Send,
-) -> PyResult<bool> {
-    let deadline = timeout.map(|t| Instant::now() + t);
-    loop {
-        let slice = deadline.map_or(SIGNAL_POLL, |d| {
-            d.saturating_duration_since(Instant::now()).min(SIGNAL_POLL)
-        });
-        if py.detach(|| ready(slice)) {
-            return Ok(true);
-        }
-        py.check_signals()?;
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Ok(false);
-        }
     }
 }
 
@@ -120,7 +96,7 @@ impl PyWorkerServer {
             other => Some(other),
         };
         if found.is_none() {
-            wait_interruptibly(py, timeout, |slice| match self.inner.next_job(slice) {
+            wait_in_slices(py, timeout, |slice| match self.inner.next_job(slice) {
                 Pop::Empty => false,
                 other => {
                     found = Some(other);
@@ -147,7 +123,7 @@ impl PyWorkerServer {
     fn wait_idle(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let timeout = duration(timeout, "timeout")?;
         let server = &self.inner;
-        wait_interruptibly(py, timeout, |slice| server.wait_idle(slice))
+        wait_in_slices(py, timeout, |slice| server.wait_idle(slice))
     }
 
     #[pyo3(signature = (timeout=None))]
@@ -176,41 +152,6 @@ impl PyWorkerServer {
 pub struct PyWorkerJob {
     request: JobRequest,
     job: Mutex<Option<Job>>,
-}
-
-fn closure_error_kind(kind: &str) -> PyResult<pb::ErrorKind> {
-    match kind {
-        "user" => Ok(pb::ErrorKind::User),
-        "input" => Ok(pb::ErrorKind::Input),
-        "function_load" => Ok(pb::ErrorKind::FunctionLoad),
-        "infrastructure" => Ok(pb::ErrorKind::Infrastructure),
-        other => Err(PyValueError::new_err(format!(
-            "error kind {other:?} is not known; expected 'user', 'input', 'function_load' or \
-             'infrastructure'"
-        ))),
-    }
-}
-
-fn status_code(code: &str) -> PyResult<tonic::Code> {
-    use tonic::Code;
-    Ok(match code {
-        "INVALID_ARGUMENT" => Code::InvalidArgument,
-        "NOT_FOUND" => Code::NotFound,
-        "FAILED_PRECONDITION" => Code::FailedPrecondition,
-        "RESOURCE_EXHAUSTED" => Code::ResourceExhausted,
-        "UNAVAILABLE" => Code::Unavailable,
-        "ABORTED" => Code::Aborted,
-        "CANCELLED" => Code::Cancelled,
-        "DEADLINE_EXCEEDED" => Code::DeadlineExceeded,
-        "INTERNAL" => Code::Internal,
-        other => {
-            return Err(PyValueError::new_err(format!(
-                "status code {other:?} is not one a worker answers with; expected one of \
-                 INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION, RESOURCE_EXHAUSTED, \
-                 UNAVAILABLE, ABORTED, CANCELLED, DEADLINE_EXCEEDED, INTERNAL"
-            )))
-        }
-    })
 }
 
 impl PyWorkerJob {
@@ -290,10 +231,7 @@ impl PyWorkerJob {
 
     #[getter]
     fn function_kind(&self) -> Option<&'static str> {
-        self.function().map(|f| match f.kind {
-            pb::FunctionKind::JaxExport => "jax_export",
-            _ => "cloudpickle",
-        })
+        self.function().map(|f| function_kind_name(f.kind))
     }
 
     #[getter]
@@ -374,7 +312,9 @@ impl PyWorkerJob {
         ps_task: Option<i64>,
     ) -> PyResult<()> {
         let error = pb::ClosureError {
-            kind: closure_error_kind(kind)?.into(),
+            kind: parse_error_kind(kind)
+                .map_err(PyValueError::new_err)?
+                .into(),
             type_name,
             module,
             message,
@@ -408,7 +348,14 @@ impl PyWorkerJob {
     }
 
     fn reply_status(&self, code: &str, message: &str) -> PyResult<()> {
-        let code = status_code(code)?;
+        let code = parse_code(code)
+            .filter(|code| *code != tonic::Code::Ok)
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "status code {code:?} is not a gRPC error code name; expected e.g. \
+                     INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE or INTERNAL"
+                ))
+            })?;
         self.take()?.reply_status(tonic::Status::new(code, message));
         Ok(())
     }

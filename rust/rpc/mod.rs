@@ -1,5 +1,5 @@
 //! The coordinator <-> worker protocol: generated messages and service stubs, bearer-token
-//! auth, the one mapping between `tonic::Status` and [`RpcError`], message-size limits, the
+//! auth, the names of its codes and kinds ([`codes`]), the one mapping between `tonic::Status` and [`RpcError`], message-size limits, the
 //! channel and call code every client shares, and the [`client::WorkerClient`] the
 //! coordinator's dispatcher uses.
 //!
@@ -9,6 +9,7 @@ pub mod auth;
 pub mod channel;
 pub mod client;
 pub mod closure_stream;
+pub mod codes;
 pub mod emulated;
 pub mod limits;
 pub mod serve;
@@ -41,4 +42,21 @@ pub const PROTOCOL_REVISION: u32 = 3;
 pub fn content_hash(payload: &[u8]) -> [u8; HASH_LEN] {
     use sha2::Digest;
     sha2::Sha256::digest(payload).into()
+}
+
+/// Lowercase hex of `bytes`, for messages that name a hash or show a payload's first
+/// bytes. Here because both ends of the protocol (the worker's checks, the dispatcher's
+/// registry) quote hashes in their errors and must spell them alike.
+///
+/// ```
+/// assert_eq!(_core::rpc::hex(&[0x0a, 0xff]), "0aff");
+/// ```
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }

@@ -1,17 +1,27 @@
 //! The hand-off between async RPC handlers and the (Python) executor thread.
 //!
 //! Unary handlers push a [`Job`] and await its reply on a oneshot channel; closures of a
-//! `RunClosures` stream are pushed with their stream as the reply target (see
-//! `stream.rs`). One executor thread pops jobs in arrival order, blocking on a condition
-//! variable (so the Python side can wait with the GIL released), and runs them one at a
-//! time. The queue also owns the shutdown protocol: once draining, new jobs are refused
+//! `RunClosures` stream are pushed by the stream's reader (`reader.rs`) with their stream
+//! as the reply target (`stream.rs`). One executor thread pops jobs in arrival order,
+//! blocking on a condition variable (so the Python side can wait with the GIL released),
+//! and runs them one at a time. The queue also owns the shutdown protocol: once draining, new jobs are refused
 //! with `UNAVAILABLE`, queued ones are handed back the same way, and
 //! [`JobQueue::wait_idle`] returns when the job in progress has been answered.
+//!
+//! Halting (`halt_on_error`) and hand-backs (`return_queued`) happen under the queue's
+//! lock, and the halted set lives in the queue's state, so they are atomic with respect to
+//! the executor popping its next job: a closure is either started or handed back, never
+//! both. A halt is recorded *before* the error that caused it is sent, so the
+//! coordinator's `resume`, which it sends only after reading that error, always finds the
+//! halt in place.
+//!
+//! Answering a job is also where it is counted (closures run and failed, resources created
+//! and released): the counters in `stats.rs` are only counters.
 //!
 //! A notify on a futex condition variable is a system call even with nobody asleep, so
 //! sleepers are counted and producers notify only when there is one.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -105,9 +115,8 @@ impl Job {
 
     /// Answers the job; counts finished closures and created/released resources.
     pub fn reply(mut self, reply: JobReply) {
-        let stats = self.queue.as_ref().map(|q| &q.stats);
-        if let Some(stats) = stats {
-            stats.record_reply(&reply);
+        if let Some(queue) = &self.queue {
+            count_reply(&queue.stats, &reply);
         }
         self.send(Ok(reply));
     }
@@ -177,6 +186,31 @@ impl Job {
     }
 }
 
+/// Counts one answered job.
+fn count_reply(stats: &Stats, reply: &JobReply) {
+    match reply {
+        JobReply::Run(response) => {
+            stats.closures_run.fetch_add(1, Ordering::Relaxed);
+            if matches!(
+                response.outcome,
+                Some(pb::run_closure_response::Outcome::Error(_)) | None
+            ) {
+                stats.closures_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        JobReply::CreateResource(response) => {
+            if response.error.is_none() {
+                stats.resources_created.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        JobReply::ReleaseResource(response) => {
+            stats
+                .resources_released
+                .fetch_add(u64::from(response.released), Ordering::Relaxed);
+        }
+    }
+}
+
 const HALT_REASON: &str = "a closure sent before it on this stream failed, and the stream \
                            halts on errors (halt_on_error) until the coordinator resumes it";
 
@@ -217,6 +251,11 @@ pub enum Pop {
 #[derive(Default)]
 struct State {
     jobs: VecDeque<Job>,
+    /// The streams being read, by [`ClosureStream::id`], each with whether it is halted
+    /// (after an error on a `halt_on_error` stream, until the coordinator resumes it). A
+    /// stream is listed from when its reader starts until it stops: only a reader queues
+    /// closures, so a halt after that has nothing more to hold back.
+    halted: HashMap<u64, bool>,
     draining: bool,
     inflight: usize,
     /// Threads waiting on `changed`.
@@ -293,7 +332,8 @@ impl JobQueue {
             return;
         }
         let mut state = self.lock();
-        if state.draining || stream.is_halted() {
+        let halted = state.halted.get(&stream.id()).copied().unwrap_or(false);
+        if state.draining || halted {
             let draining = state.draining;
             drop(state);
             let status = self.draining_status();
@@ -327,6 +367,17 @@ impl JobQueue {
         hand_back(halted, HALT_REASON);
     }
 
+    /// Lists `stream` as being read (not halted); its reader calls this before queueing
+    /// anything.
+    pub(super) fn open_stream(&self, stream: &ClosureStream) {
+        self.lock().halted.insert(stream.id(), false);
+    }
+
+    /// Forgets `stream`'s halted state; its reader calls this when it stops reading.
+    pub(super) fn close_stream(&self, stream: &ClosureStream) {
+        self.lock().halted.remove(&stream.id());
+    }
+
     /// Halts `stream` if it halts on errors; returns its queued jobs, for the caller to
     /// hand back once it has sent the error.
     pub(super) fn halt_stream(&self, stream: &ClosureStream) -> Vec<Job> {
@@ -334,14 +385,17 @@ impl JobQueue {
             return Vec::new();
         }
         let mut state = self.lock();
-        stream.set_halted(true);
+        if let Some(halted) = state.halted.get_mut(&stream.id()) {
+            *halted = true;
+        }
         take_jobs_of(&mut state, stream)
     }
 
     /// Ends a halt of `stream`.
     pub(super) fn resume_stream(&self, stream: &ClosureStream) {
-        let _state = self.lock();
-        stream.set_halted(false);
+        if let Some(halted) = self.lock().halted.get_mut(&stream.id()) {
+            *halted = false;
+        }
     }
 
     /// Hands back, unstarted, every queued job of `stream`.

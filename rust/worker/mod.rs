@@ -3,17 +3,33 @@
 //! RPC handlers run on the shared tokio runtime; code runs on one executor thread that
 //! takes [`Job`]s with [`WorkerServer::next_job`] (in a worker process that thread is
 //! Python's, waiting with the GIL released). Closures arrive by unary `RunClosure` or on
-//! `RunClosures` streams (`stream.rs`); both become jobs of the one queue, in arrival
-//! order. Auth runs on every RPC before its body is
-//! decoded; requests are validated before any lookup; one job runs at a time.
+//! `RunClosures` streams; both become jobs of the one queue, in arrival order. Auth runs
+//! on every RPC before its body is decoded; requests are validated before any lookup; one
+//! job runs at a time.
+//!
+//! # Modules
+//!
+//! Each file depends only on the ones listed after it, so there is no import cycle:
+//!
+//! - `service.rs`: the tonic `Worker` impl, nothing else; each handler calls the state.
+//! - `reader.rs`: the task reading one `RunClosures` stream into jobs.
+//! - `state.rs`: [`state::WorkerState`], the one state everything shares, and what a
+//!   request goes through before it is a job (validation, lookup, size checks).
+//! - `jobs.rs`: the job queue between handlers and the executor: jobs, answers and their
+//!   counting, the shutdown protocol, and which streams are halted (under its own lock).
+//! - `stream.rs`: a stream's reply sink and the response stream that batches its answers.
+//! - `stats.rs`, `store.rs`, `validate.rs`: counters, the function store, request checks.
 //!
 //! Shutdown is two-phase: [`WorkerServer::begin_shutdown`] stops taking closures (new and
 //! queued ones get `UNAVAILABLE`, so a coordinator retries them elsewhere; open streams
-//! stop reading and end once answered) while the one in progress finishes; [`WorkerServer::stop_serving`] then closes the listener and lets
-//! in-flight RPCs complete.
+//! stop reading and end once answered) while the one in progress finishes;
+//! [`WorkerServer::stop_serving`] then closes the listener and lets in-flight RPCs
+//! complete.
 
 pub mod jobs;
+mod reader;
 pub mod service;
+pub mod state;
 pub mod stats;
 pub mod store;
 pub mod stream;
@@ -33,7 +49,8 @@ use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::rpc::pb;
 use crate::rpc::serve::{self, BindError, Serving};
 use jobs::JobQueue;
-use service::{Shared, WorkerService};
+use service::WorkerService;
+use state::WorkerState;
 use stats::Stats;
 use store::FunctionStore;
 
@@ -98,7 +115,7 @@ pub struct WorkerServer {
     // anything else goes.
     serving: Serving,
     local_addr: SocketAddr,
-    shared: Arc<Shared>,
+    state: Arc<WorkerState>,
 }
 
 impl From<BindError> for WorkerError {
@@ -121,24 +138,24 @@ impl WorkerServer {
         let exposes = "run code on this machine";
         let (listener, local_addr) =
             serve::bind(&config.address, config.auth_token.is_some(), exposes).await?;
-        let stats = Arc::new(Stats::default());
-        let shared = Arc::new(Shared {
+        let counters = Arc::new(Stats::default());
+        let state = Arc::new(WorkerState {
             worker_index: config.worker_index,
             jax_version: config.jax_version,
             platform: config.platform,
             devices: config.devices,
             max_message_bytes: limit,
             store: FunctionStore::default(),
-            queue: Arc::new(JobQueue::new(Arc::clone(&stats), config.worker_index)),
-            stats: Arc::clone(&stats),
+            queue: Arc::new(JobQueue::new(Arc::clone(&counters), config.worker_index)),
+            stats: Arc::clone(&counters),
             started: Instant::now(),
         });
-        let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&shared)))
+        let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&state)))
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         let auth = AuthCheck::new(
             config.auth_token.as_deref(),
-            Arc::clone(&stats.unauthenticated),
+            Arc::clone(&counters.unauthenticated),
         );
         let router = serve::server(config.tls.as_ref(), None)
             .map_err(|e| WorkerError::Config(e.to_string()))?
@@ -146,7 +163,7 @@ impl WorkerServer {
         Ok(Self {
             serving: Serving::spawn(router, listener),
             local_addr,
-            shared,
+            state,
         })
     }
 
@@ -157,33 +174,33 @@ impl WorkerServer {
 
     /// Blocks up to `timeout` for the next job. For the executor thread only.
     pub fn next_job(&self, timeout: Duration) -> Pop {
-        self.shared.queue.pop(timeout)
+        self.state.queue.pop(timeout)
     }
 
     /// The next job if one is queued (and none is running); never waits.
     pub fn try_next_job(&self) -> Pop {
-        self.shared.queue.try_pop()
+        self.state.queue.try_pop()
     }
 
     /// Stops taking closures; queued ones are answered `UNAVAILABLE`. Returns `false` if
     /// shutdown had already begun.
     pub fn begin_shutdown(&self) -> bool {
-        self.shared.queue.begin_drain()
+        self.state.queue.begin_drain()
     }
 
     /// Whether shutdown has begun.
     pub fn is_draining(&self) -> bool {
-        self.shared.queue.is_draining()
+        self.state.queue.is_draining()
     }
 
     /// Blocks up to `timeout` until shutdown has begun and no job is queued or running.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
-        self.shared.queue.wait_idle(timeout)
+        self.state.queue.wait_idle(timeout)
     }
 
     /// The `GetStatus` answer right now.
     pub fn status(&self) -> pb::GetStatusResponse {
-        self.shared.status()
+        self.state.status()
     }
 
     /// Closes the listener and returns the serving task, which ends once in-flight RPCs
@@ -197,7 +214,7 @@ impl Drop for WorkerServer {
     fn drop(&mut self) {
         // Queued closures are answered `UNAVAILABLE` before the serving task (a field,
         // dropped after this) is stopped and aborted.
-        self.shared.queue.begin_drain();
+        self.state.queue.begin_drain();
     }
 }
 

@@ -1,10 +1,10 @@
 //! Counters a worker reports through `GetStatus`.
+//!
+//! Counters only: what counts as a finished closure or a created resource is decided where
+//! jobs are answered (`jobs.rs`), so this file depends on nothing else in the worker.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-use super::jobs::JobReply;
-use crate::rpc::pb;
 
 /// Monotonic counters, updated without locks from handlers and the executor.
 #[derive(Debug, Default)]
@@ -24,31 +24,8 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Counts one answered job.
-    pub fn record_reply(&self, reply: &JobReply) {
-        match reply {
-            JobReply::Run(response) => {
-                self.closures_run.fetch_add(1, Ordering::Relaxed);
-                if matches!(
-                    response.outcome,
-                    Some(pb::run_closure_response::Outcome::Error(_)) | None
-                ) {
-                    self.closures_failed.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            JobReply::CreateResource(response) => {
-                if response.error.is_none() {
-                    self.resources_created.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            JobReply::ReleaseResource(response) => {
-                self.resources_released
-                    .fetch_add(u64::from(response.released), Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// Counts one refused request and passes its status through.
+    /// Counts one refused request and passes its status through, so a refusal is counted
+    /// where it is made.
     pub fn reject(&self, status: tonic::Status) -> tonic::Status {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         status

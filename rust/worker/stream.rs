@@ -1,34 +1,25 @@
-//! The worker's side of `RunClosures`: one [`ClosureStream`] per open stream, the task that
-//! reads its requests into the [`JobQueue`], and the response stream that batches answers.
+//! Where a `RunClosures` stream's answers go: one [`ClosureStream`] per open stream (the
+//! sink its closures are answered into) and [`Replies`], the response stream that batches
+//! those answers.
 //!
-//! Closures of a stream are ordinary jobs of the one [`JobQueue`] (so they interleave with
-//! unary calls in arrival order and run one at a time); only their answer goes elsewhere: a
-//! [`pb::ClosureReply`] on the stream's channel instead of a oneshot. The response stream
-//! drains that channel, sending every answer that is ready in one message, so a busy worker
+//! A pure reply sink: it knows nothing of the job queue or the service. Closures of a
+//! stream are ordinary jobs of the one job queue (so they interleave with unary calls in
+//! arrival order and run one at a time); only their answer goes here, a
+//! [`pb::ClosureReply`] on the stream's channel instead of a oneshot. [`Replies`] drains
+//! that channel, sending every answer that is ready in one message, so a busy worker
 //! answers a run of short closures with a few HTTP/2 frames rather than one per closure.
-//!
-//! When the worker begins shutting down, every stream stops reading: queued closures are
-//! refused `UNAVAILABLE` (as unary ones are), the running one is answered, and then the
-//! stream ends, so a graceful server stop does not wait for clients to close their streams.
-//!
-//! Halting (`halt_on_error`) and hand-backs (`return_queued`) take the queue's lock, so
-//! they are atomic with respect to the executor popping its next job: a closure is either
-//! started or handed back, never both. A halt is recorded *before* the error that caused it
-//! is sent, so the coordinator's `resume`, which it sends only after reading that error,
-//! always finds the halt in place.
+//! Reading the stream's requests is `reader.rs`; whether a stream is halted is the job
+//! queue's to know (`jobs.rs`), under the lock its executor pops under.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
-use tonic::{Status, Streaming};
+use tonic::Status;
 
-use super::jobs::JobQueue;
-use super::service::Shared;
 use crate::rpc::limits::too_large;
 use crate::rpc::pb;
 
@@ -41,30 +32,44 @@ const REPLY_FRAMING: usize = 16;
 /// Stream ids are unique in the process, for matching a stream's jobs in the queue.
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
-/// One open `RunClosures` stream, shared by its reader task and its queued jobs.
+/// The sending half of a stream's answer channel, kept by its [`ClosureStream`].
+pub(super) type ReplySender = mpsc::UnboundedSender<pb::ClosureReply>;
+
+/// A new stream's answer channel: the sender its [`ClosureStream`] will own once the
+/// stream's options arrive, and the response stream that sends what goes into it.
+pub(super) fn reply_channel(max_message_bytes: usize) -> (ReplySender, Replies) {
+    let (sender, receiver) = mpsc::unbounded_channel();
+    let replies = Replies {
+        receiver,
+        held: None,
+        max_message_bytes,
+    };
+    (sender, replies)
+}
+
+/// One open `RunClosures` stream's answer sink, shared by its reader task and its queued
+/// jobs.
 pub struct ClosureStream {
     id: u64,
-    replies: mpsc::UnboundedSender<pb::ClosureReply>,
+    replies: ReplySender,
     halt_on_error: bool,
-    /// Set after an error while `halt_on_error`; read and written under the queue's lock.
-    halted: AtomicBool,
     max_message_bytes: usize,
 }
 
 impl ClosureStream {
     /// A stream answering into `replies`.
-    fn new(
-        replies: mpsc::UnboundedSender<pb::ClosureReply>,
-        halt_on_error: bool,
-        max_message_bytes: usize,
-    ) -> Self {
+    pub(super) fn new(replies: ReplySender, halt_on_error: bool, max_message_bytes: usize) -> Self {
         Self {
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
             replies,
             halt_on_error,
-            halted: AtomicBool::new(false),
             max_message_bytes,
         }
+    }
+
+    /// The stream's id, unique in the process: the job queue keys its halted set by it.
+    pub(super) fn id(&self) -> u64 {
+        self.id
     }
 
     /// Whether `other` is this stream.
@@ -77,19 +82,15 @@ impl ClosureStream {
         self.replies.is_closed()
     }
 
-    /// Whether an error halts this stream.
+    /// Resolves once the client stopped listening, so a reader waiting on a silent client
+    /// can stop.
+    pub(super) async fn abandoned(&self) {
+        self.replies.closed().await;
+    }
+
+    /// Whether an error halts this stream (`halt_on_error`, from its first message).
     pub(super) fn halts_on_error(&self) -> bool {
         self.halt_on_error
-    }
-
-    /// Whether the stream is halted. Call with the queue's lock held.
-    pub(super) fn is_halted(&self) -> bool {
-        self.halted.load(Ordering::Relaxed)
-    }
-
-    /// Halts or resumes the stream. Call with the queue's lock held.
-    pub(super) fn set_halted(&self, halted: bool) {
-        self.halted.store(halted, Ordering::Relaxed);
     }
 
     /// The answer to send for a closure the executor ran; an answer above the size limit
@@ -155,88 +156,6 @@ impl std::fmt::Debug for ClosureStream {
             .field("halt_on_error", &self.halt_on_error)
             .finish_non_exhaustive()
     }
-}
-
-/// Starts serving one `RunClosures` call: spawns the task that queues the requests and
-/// returns the stream of answers.
-pub(super) fn serve(shared: &Arc<Shared>, incoming: Streaming<pb::RunClosuresRequest>) -> Replies {
-    let (sender, receiver) = mpsc::unbounded_channel();
-    tokio::spawn(read_requests(Arc::clone(shared), incoming, sender));
-    Replies {
-        receiver,
-        held: None,
-        max_message_bytes: shared.max_message_bytes,
-    }
-}
-
-/// Queues every closure the client sends. The stream object lives while this task reads
-/// and while any of its jobs is queued or running; once all are gone the answer channel
-/// closes and the response stream ends.
-async fn read_requests(
-    shared: Arc<Shared>,
-    mut incoming: Streaming<pb::RunClosuresRequest>,
-    sender: mpsc::UnboundedSender<pb::ClosureReply>,
-) {
-    // The stream's options come with its first message.
-    let first = tokio::select! {
-        message = incoming.message() => message,
-        () = shared.queue.drained() => return,
-    };
-    let Ok(Some(first)) = first else {
-        return;
-    };
-    let stream = Arc::new(ClosureStream::new(
-        sender,
-        first.halt_on_error,
-        shared.max_message_bytes,
-    ));
-    queue_message(&shared, &stream, first);
-    loop {
-        let message = tokio::select! {
-            message = incoming.message() => message,
-            // The client may cancel while sending nothing: stop waiting then.
-            () = stream.replies.closed() => Err(Status::cancelled("the client went away")),
-            // Shutting down: read nothing more, so the stream ends (OK) once what is
-            // running has been answered, and the server can stop. Closures the client
-            // sends from now on are not answered; it sees the stream end without them.
-            () = shared.queue.drained() => return,
-        };
-        match message {
-            Ok(Some(request)) => queue_message(&shared, &stream, request),
-            // A clean half-close: what is queued still runs and is answered.
-            Ok(None) => return,
-            Err(_) => {
-                shared
-                    .queue
-                    .hand_back_stream(&stream, "the client cancelled the stream");
-                return;
-            }
-        }
-    }
-}
-
-/// Applies one request message: `resume`, then `return_queued`, then its closures.
-fn queue_message(shared: &Shared, stream: &Arc<ClosureStream>, request: pb::RunClosuresRequest) {
-    let queue: &JobQueue = &shared.queue;
-    if request.resume {
-        queue.resume_stream(stream);
-    }
-    if request.return_queued {
-        queue.hand_back_stream(stream, "the coordinator asked for its queued closures back");
-    }
-    let mut jobs = Vec::with_capacity(request.closures.len());
-    for closure in request.closures {
-        let closure_id = closure.closure_id;
-        match shared.run_job(closure) {
-            Ok(job) => jobs.push((closure_id, job)),
-            Err(status) => {
-                // Queue what came before, in order, then refuse (and maybe halt) here.
-                queue.push_streamed(std::mem::take(&mut jobs), stream);
-                queue.refuse_streamed(stream, closure_id, &status);
-            }
-        }
-    }
-    queue.push_streamed(jobs, stream);
 }
 
 /// The response half of a `RunClosures` call: every answer ready when polled, in one

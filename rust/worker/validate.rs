@@ -8,18 +8,7 @@
 
 use tonic::Status;
 
-use crate::rpc::{content_hash, pb, HASH_LEN};
-
-/// Lowercase hex of `bytes`, for messages.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes
-        .iter()
-        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
-}
+use crate::rpc::{content_hash, hex, pb, HASH_LEN};
 
 /// Checks that `hash` is a SHA-256 digest (32 bytes).
 pub fn function_hash(hash: &[u8]) -> Result<[u8; HASH_LEN], Status> {

@@ -77,7 +77,7 @@ def encode_args(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     resource_for: Callable[[Any], Any],
-) -> tuple[wire.Encoded, list[Any]]:
+) -> tuple[wire.EncodedValue, list[Any]]:
     """Pickles ``(args, kwargs)``; returns the encoding and the per-worker resources used.
 
     ``resource_for(per_worker_values)`` returns the dispatcher's resource handle for a

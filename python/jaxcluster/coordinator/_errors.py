@@ -1,46 +1,26 @@
 """Rebuilding a closure's failure, as the dispatcher reports it, into a Python exception.
 
-The Rust binding calls :func:`build_exception` with a cell's result tuple whenever it must
-raise a closure's error (the pending error of ``schedule``/``join``/``done``), and
-:class:`~jaxcluster.coordinator.RemoteValue` calls it for its own result, so both raise the
-same thing. Result tuples:
-
-- ``("error", kind, type_name, module, message, traceback, pickled_exception, worker,
-  ps_task)`` with ``kind`` ``"user"``, ``"input"`` or ``"infra:<GRPC_CODE_NAME>"`` and
-  ``ps_task`` the parameter-server task of a ps failure or ``None`` (optional);
-- ``("cancelled", message)``.
+A failed or cancelled closure arrives as a ``jaxcluster._core.ClosureError`` (a frozen,
+typed record; see ``_core.pyi``). The Rust binding calls :func:`build_exception` with it
+whenever it must raise a closure's error (the pending error of ``schedule``/``join``/
+``done``), and :class:`~jaxcluster.coordinator.RemoteValue` calls it for its own result, so
+both raise the same thing. Its ``kind`` is ``"user"``, ``"function_load"``, ``"input"``,
+``"infrastructure"`` or ``"cancelled"``; an infrastructure failure's ``type_name`` is the
+:mod:`jaxcluster.errors` class of its gRPC ``code`` (Rust owns that table).
 
 Example::
 
-    exc = build_exception(("cancelled", "another closure failed first"))
-    isinstance(exc, errors.CancelledError)  # True
+    error = ClosureError("cancelled", type_name="CancelledError", message="stopped")
+    isinstance(build_exception(error), errors.CancelledError)  # True
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from jaxcluster import errors, wire
 
-__all__ = ["build_exception"]
-
-#: gRPC code name -> the jaxcluster.errors class it is raised as.
-_INFRA_CLASSES: dict[str, type[errors.JaxClusterError]] = {
-    "CANCELLED": errors.CancelledError,
-    "UNAVAILABLE": errors.UnavailableError,
-    "ABORTED": errors.AbortedError,
-    "DEADLINE_EXCEEDED": errors.DeadlineExceededError,
-    "INVALID_ARGUMENT": errors.InvalidArgumentError,
-    "OUT_OF_RANGE": errors.InvalidArgumentError,
-    "NOT_FOUND": errors.NotFoundError,
-    "UNAUTHENTICATED": errors.UnauthenticatedError,
-    "PERMISSION_DENIED": errors.UnauthenticatedError,
-    "RESOURCE_EXHAUSTED": errors.ResourceExhaustedError,
-    "FAILED_PRECONDITION": errors.FailedPreconditionError,
-    "ALREADY_EXISTS": errors.FailedPreconditionError,
-    "INTERNAL": errors.InternalError,
-}
+__all__ = ["build_exception", "rebuild_exception"]
 
 
 def _add_note(exc: BaseException, note: str) -> None:
@@ -52,83 +32,76 @@ def _add_note(exc: BaseException, note: str) -> None:
         exc.__cause__ = errors.RemoteError(type(exc).__qualname__, note)
 
 
-def _user_exception(
-    type_name: str, module: str, message: str, traceback: str, pickled: bytes, worker: str
-) -> BaseException:
-    """The user's exception as its own type when it unpickles here, else a RemoteError."""
+def _where(error: Any) -> str:
+    return f" on worker {error.worker}" if error.worker else ""
+
+
+def rebuild_exception(error: Any) -> BaseException:
+    """The exception a worker reported in ``error`` (a ``ClosureError``), as its own type.
+
+    The pickled exception is used when it unpickles here, with the worker and the remote
+    traceback added as a note; otherwise a :class:`~jaxcluster.errors.RemoteError` carries
+    the type name, message and traceback. For an ``"input"`` error this is the input's own
+    failure (:func:`build_exception` wraps it in ``ClosureInputError``).
+    """
     exc: Any = None
-    if pickled:
+    if error.exception:
         try:
-            exc = wire.decode(pickled)
+            exc = wire.decode(error.exception, error.exception_buffers)
         except Exception:
             exc = None  # e.g. its class does not exist in this process
     if isinstance(exc, BaseException):
-        where = f"Raised on worker {worker}."
+        where = f"Raised{_where(error)}."
+        traceback = error.traceback
         _add_note(exc, f"{where} Remote traceback:\n{traceback}" if traceback else where)
         return exc
+    module, type_name = error.module, error.type_name
     qualified = type_name if module in ("", "builtins") else f"{module}.{type_name}"
-    return errors.RemoteError(
-        qualified or "Exception", f"{message} (raised on worker {worker})", traceback
-    )
+    message = error.message
+    if error.worker:
+        message = f"{message} (raised on worker {error.worker})"
+    return errors.RemoteError(qualified or "Exception", message, error.traceback)
 
 
-def _ps_failure(exc: BaseException, ps_task: Any, message: str, worker: str) -> BaseException:
+def _ps_failure(exc: BaseException, error: Any) -> BaseException:
     """``exc``, unless the worker reported a ps failure that did not survive pickling: then
     a ``PSUnavailableError`` with the task, so callers can rely on the type."""
-    if ps_task is None or isinstance(exc, errors.PSUnavailableError):
+    if error.ps_task is None or isinstance(exc, errors.PSUnavailableError):
         return exc
-    error = errors.PSUnavailableError(
-        f"parameter server task {ps_task} is unavailable: {message} (reported by worker {worker})"
+    return errors.PSUnavailableError(
+        int(error.ps_task), None, exc, f"{error.message} (reported by worker {error.worker})"
     )
-    error.task_type = "ps"  # type: ignore[attr-defined]
-    error.task_id = int(ps_task)  # type: ignore[attr-defined]
-    error.address = None  # type: ignore[attr-defined]
-    error.original_exception = exc  # type: ignore[attr-defined]
-    return error
 
 
-def build_exception(result: Sequence[Any]) -> BaseException:
-    """The exception a failed or cancelled closure's result tuple stands for.
+def build_exception(error: Any) -> BaseException:
+    """The exception a failed or cancelled closure's ``ClosureError`` stands for.
 
-    User errors come back as their own type (with the worker and the remote traceback in a
-    note) when the worker could pickle them and this process can unpickle them, else as
+    User errors (and functions that failed to load on the worker) come back as their own
+    type, with the worker and the remote traceback in a note, when the worker could pickle
+    them and this process can unpickle them, else as
     :class:`~jaxcluster.errors.RemoteError`; input errors as
     :class:`~jaxcluster.errors.ClosureInputError` around the original; infrastructure
-    errors as the ``jaxcluster.errors`` class of their gRPC code. Every message names the
-    worker.
+    errors as the :mod:`jaxcluster.errors` class of their gRPC code; a cancellation as
+    :class:`~jaxcluster.errors.CancelledError`. Every message names the worker.
     """
-    if not result or not isinstance(result[0], str):
-        raise TypeError(
-            f"expected a closure result tuple starting with 'error' or 'cancelled', got {result!r}"
-        )
-    tag = result[0]
-    if tag == "cancelled" and len(result) >= 2:
-        return errors.CancelledError(str(result[1]))
-    if tag != "error" or len(result) < 8:
-        raise ValueError(
-            f"expected ('error', kind, type_name, module, message, traceback, "
-            f"pickled_exception, worker) or ('cancelled', message), got a {tag!r} tuple of "
-            f"{len(result)} items"
-        )
-    _, kind, type_name, module, message, traceback, pickled, worker = result[:8]
-    ps_task = result[8] if len(result) > 8 else None
-    kind = str(kind)
-    if kind == "user":
-        exc = _user_exception(type_name, module, message, traceback, pickled, worker)
-        return _ps_failure(exc, ps_task, message, worker)
+    kind = error.kind
+    if kind == "cancelled":
+        return errors.CancelledError(error.message)
+    if kind in ("user", "function_load"):
+        return _ps_failure(rebuild_exception(error), error)
     if kind == "input":
-        original = _user_exception(type_name, module, message, traceback, pickled, worker)
-        original = _ps_failure(original, ps_task, message, worker)
-        wrapped = errors.ClosureInputError(original)
-        _add_note(wrapped, f"The input failed on worker {worker}.")
+        wrapped = errors.ClosureInputError(_ps_failure(rebuild_exception(error), error))
+        _add_note(wrapped, f"The input failed{_where(error)}.")
         return wrapped
-    if kind.startswith("infra:"):
-        code = kind.partition(":")[2]
-        cls = _INFRA_CLASSES.get(code, errors.InternalError)
-        text = f"{message} (on worker {worker})"
-        if cls is errors.InternalError and code != "INTERNAL":
-            text = f"{code}: {text}"
+    if kind == "infrastructure":
+        cls = getattr(errors, error.type_name, None)
+        if not (isinstance(cls, type) and issubclass(cls, errors.JaxClusterError)):
+            cls = errors.InternalError
+        text = f"{error.message} (on worker {error.worker})" if error.worker else error.message
+        if cls is errors.InternalError and error.code not in (None, "INTERNAL"):
+            text = f"{error.code}: {text}"
         return cls(text)
     raise ValueError(
-        f"unknown closure error kind {kind!r}; expected 'user', 'input' or 'infra:<CODE>'"
+        f"unknown closure error kind {kind!r}; expected 'user', 'function_load', 'input', "
+        "'infrastructure' or 'cancelled'"
     )

@@ -17,6 +17,9 @@ Example::
     serializer = FunctionSerializer(platforms=lambda: ("cpu",))
     sent = serializer.serialize(jax.jit(lambda x: x * 2), (np.ones(3, np.float32),), {})
     sent.kind == KIND_JAX_EXPORT   # True
+
+:func:`pickle_function` and :func:`export_function` are the two halves on their own, for
+code that talks to a worker directly (``jaxcluster._core.WorkerClient``).
 """
 
 from __future__ import annotations
@@ -38,12 +41,15 @@ __all__ = [
     "KIND_JAX_EXPORT",
     "FunctionSerializer",
     "SerializedFunction",
+    "export_function",
     "is_jitted",
+    "pickle_function",
 ]
 
-#: ``kind`` values of ``Dispatcher.register_function``.
-KIND_CLOUDPICKLE = 0
-KIND_JAX_EXPORT = 1
+#: Function kinds, as the protocol names them (``Dispatcher.register_function``,
+#: ``WorkerClient.register_function``, ``WorkerJob.function_kind``).
+KIND_CLOUDPICKLE = "cloudpickle"
+KIND_JAX_EXPORT = "jax_export"
 
 _log = logging.getLogger("jaxcluster.coordinator")
 _SCALARS = (bool, int, float, complex)
@@ -57,12 +63,12 @@ class SerializedFunction:
     """
 
     function_hash: bytes
-    kind: int
+    kind: str
     payload: bytes
     note: str = ""
 
     @classmethod
-    def of(cls, kind: int, payload: bytes, note: str = "") -> SerializedFunction:
+    def of(cls, kind: str, payload: bytes, note: str = "") -> SerializedFunction:
         return cls(wire.content_hash(payload), kind, payload, note)
 
 
@@ -196,8 +202,7 @@ class FunctionSerializer:
         self, fn: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
     ) -> SerializedFunction:
         """The payload to run ``fn(*args, **kwargs)`` on a worker."""
-        if not callable(fn):
-            raise TypeError(f"schedule() needs a callable fn, got {type(fn).__qualname__}: {fn!r}")
+        _check_callable(fn, "schedule()")
         jitted = is_jitted(fn)
         if jitted:
             exported = self._export(fn, args, kwargs)
@@ -218,16 +223,11 @@ class FunctionSerializer:
             cached = self._exported.get(fn, {}).get(key)
         if cached is not None:
             return cached
-        arg_specs, kwarg_specs = _specs(signature)
         try:
-            from jax import export
-
-            exported = export.export(fn, platforms=platforms)(*arg_specs, **kwarg_specs)
-            payload = bytes(exported.serialize())
+            result = _export(fn, _specs(signature), platforms)
         except Exception as exc:  # tracing failed: let the worker run (and report) it
             self._note_fallback(fn, f"jax.export failed ({type(exc).__name__}: {exc})")
             return None
-        result = SerializedFunction.of(KIND_JAX_EXPORT, payload)
         with self._lock:
             self.exports += 1
             self._exported.setdefault(fn, {})[key] = result
@@ -263,6 +263,58 @@ class FunctionSerializer:
         except TypeError:  # not weak-referenceable: nothing to cache on
             pass
         return result
+
+
+def _check_callable(fn: Any, caller: str) -> None:
+    if not callable(fn):
+        raise TypeError(
+            f"{caller} needs a callable fn, got {type(fn).__qualname__}: {fn!r}; expected a "
+            "callable (a function or an object) to run on the workers"
+        )
+
+
+def _export(fn: Any, specs: Any, platforms: Sequence[str]) -> SerializedFunction:
+    """``fn`` (jitted here if it is not already) exported for ``(arg_specs, kwarg_specs)``."""
+    import jax
+    from jax import export
+
+    arg_specs, kwarg_specs = specs
+    jitted = fn if is_jitted(fn) else jax.jit(fn)
+    exported = export.export(jitted, platforms=tuple(platforms))(*arg_specs, **kwarg_specs)
+    return SerializedFunction.of(KIND_JAX_EXPORT, bytes(exported.serialize()))
+
+
+def pickle_function(fn: Callable[..., Any]) -> SerializedFunction:
+    """``fn`` cloudpickled for ``RegisterFunction``, as ``schedule`` sends a plain callable.
+
+    Raises ``TypeError`` for something that is not callable or cannot be pickled.
+    """
+    _check_callable(fn, "pickle_function()")
+    return SerializedFunction.of(KIND_CLOUDPICKLE, _dumps(fn))
+
+
+def export_function(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    platforms: Sequence[str] | None = None,
+) -> SerializedFunction:
+    """``fn`` exported with ``jax.export`` for arguments shaped like ``args``/``kwargs``, as
+    ``schedule`` sends a ``jax.jit`` function (a plain function is jitted first).
+
+    ``platforms`` defaults to this process's backend; give the workers' (e.g.
+    ``["tpu"]``) when they differ. Raises ``TypeError`` for a non-array argument leaf.
+    """
+    _check_callable(fn, "export_function()")
+    signature = _signature(args, dict(kwargs or {}))
+    if isinstance(signature, str):
+        raise TypeError(f"cannot export {getattr(fn, '__name__', fn)!r}: {signature}")
+    if platforms is None:
+        import jax
+
+        platforms = (jax.default_backend(),)
+    return _export(fn, _specs(signature), platforms)
 
 
 def _dumps(fn: Callable[..., Any]) -> bytes:

@@ -7,10 +7,13 @@ import threading
 from typing import Any
 
 from jaxcluster import errors, wire
+from jaxcluster._native import core
 from jaxcluster.coordinator import _encoding
 from jaxcluster.coordinator._errors import build_exception
 
 __all__ = ["RemoteValue", "RemoteValueStatus"]
+
+ClosureError = core.ClosureError
 
 _NOT_READY, _ABORTED, _READY = 0, 1, 2
 _UNSET: Any = object()
@@ -98,17 +101,17 @@ class RemoteValue:
             if self._value is not _UNSET or self._error is not None:
                 return
             result = self._cell.result()
-            if result[0] == "ok":
+            if isinstance(result, ClosureError):
+                self._error = build_exception(result)
+            else:
                 try:
-                    self._value = wire.decode(result[1], result[2])
+                    self._value = wire.decode(result.pickle, result.buffers)
                 except Exception as exc:
                     self._error = errors.InternalError(
                         f"the closure's result arrived but could not be unpickled here: "
                         f"{type(exc).__name__}: {exc}"
                     )
                     self._error.__cause__ = exc
-            else:
-                self._error = build_exception(result)
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         _encoding.reject_remote_value(self)

@@ -13,9 +13,9 @@ Example::
 
 from __future__ import annotations
 
-from jaxcluster.strategy.failures import TransientPSFailures as TransientPSFailures
-from jaxcluster.strategy.failures import failed_ps_task as failed_ps_task
-from jaxcluster.strategy.failures import is_ps_failure as is_ps_failure
+from jaxcluster._ps_failures import TransientPSFailures as TransientPSFailures
+from jaxcluster._ps_failures import failed_ps_task as failed_ps_task
+from jaxcluster._ps_failures import is_ps_failure as is_ps_failure
 from jaxcluster.strategy.parameter_server_strategy import (
     ParameterServerStrategy as ParameterServerStrategy,
 )

@@ -24,7 +24,6 @@ import numpy as np
 
 from jaxcluster import errors
 from jaxcluster.strategy import _clients
-from jaxcluster.strategy.failures import ps_unavailable
 
 __all__ = ["ParameterServerVariable", "Shard"]
 
@@ -124,14 +123,14 @@ class ParameterServerVariable:
         except errors.PSUnavailableError:
             raise
         except errors.UnavailableError as exc:
-            raise ps_unavailable(shard.task, shard.address, str(exc), exc) from exc
+            raise errors.PSUnavailableError(shard.task, shard.address, exc) from exc
         except errors.NotFoundError as exc:
             detail = (
                 f"it no longer holds {shard.key!r} (part of variable {self._name!r}): the ps "
                 f"restarted and lost its variables; restore them from a checkpoint "
                 f"({exc})"
             )
-            raise ps_unavailable(shard.task, shard.address, detail, exc) from exc
+            raise errors.PSUnavailableError(shard.task, shard.address, exc, detail) from exc
 
     def _coerce(self, value: Any, op: str, shape: tuple[int, ...] | None = None) -> np.ndarray:
         """``value`` as an array of this variable's dtype and ``shape`` (its own by

@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import Any
 
 from jaxcluster import wire
-from jaxcluster.strategy.failures import failed_ps_task
+from jaxcluster._ps_failures import failed_ps_task
 
 __all__ = ["describe_exception"]
 

@@ -18,10 +18,11 @@ use bytes::Bytes;
 
 use super::fake::FakeCluster;
 use super::{
-    BackoffConfig, ClosureFailure, Dispatcher, DispatcherConfig, EncodedValue, FunctionKind,
-    Outcome, ResultCell,
+    BackoffConfig, ClosureFailure, Dispatcher, DispatcherConfig, EncodedValue, FailureKind,
+    FunctionKind, Outcome, ResultCell,
 };
 use crate::rpc::content_hash;
+use tonic::Code;
 
 /// Upper bound on any single wait in these tests; far above what a healthy run needs.
 pub(super) const PATIENCE: Duration = Duration::from_secs(60);

@@ -126,7 +126,7 @@ fn a_schedule_after_a_failure_is_queued_cancelled_and_raises() {
     let raise = function(&dispatcher, "raise");
     let echo = function(&dispatcher, "echo");
     let failed = dispatcher.schedule(&raise, args("x"), &[]).unwrap();
-    assert_eq!(failure(&failed).kind.label(), "user");
+    assert_eq!(failure(&failed).kind, FailureKind::User);
     // The cell is settled just before the queue hears of the failure.
     wait_until("the failure is pending", || {
         dispatcher.metrics().inflight == 0
@@ -182,7 +182,7 @@ fn worker_side_infrastructure_errors_are_retried_then_fail() {
     let broken = function(&dispatcher, "infra");
     let cell = dispatcher.schedule(&broken, args("x"), &[]).unwrap();
     let error = failure(&cell);
-    assert_eq!(error.kind.label(), "infra:INTERNAL");
+    assert_eq!(error.kind, FailureKind::Infra(Code::Internal));
     assert_eq!(error.type_name, "OSError");
     assert_eq!(ran_on(&cluster, cell.id()).len(), 4); // the first try and three retries
     assert_eq!(dispatcher.metrics().retried, 3);

@@ -219,7 +219,7 @@ fn per_closure_lets_pipelined_closures_run_after_an_error() {
     let cells = schedule_raising_every(&dispatcher, 50, 5);
     for (i, cell) in cells.iter().enumerate() {
         if i % 5 == 0 {
-            assert_eq!(failure(cell).kind.label(), "user");
+            assert_eq!(failure(cell).kind, FailureKind::User);
         } else {
             assert_eq!(value(cell), args(&i.to_string()));
         }

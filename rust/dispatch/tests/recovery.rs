@@ -137,7 +137,7 @@ fn a_dispatcher_made_while_workers_are_down_gives_up_and_fails_the_rest() {
     let echo = function(&dispatcher, "echo");
     let cell = dispatcher.schedule(&echo, args("x"), &[]).unwrap();
     let error = failure(&cell);
-    assert_eq!(error.kind.label(), "infra:UNAVAILABLE");
+    assert_eq!(error.kind, FailureKind::Infra(Code::Unavailable));
     assert!(
         error.message.contains("all 2 workers were given up"),
         "{error}"
@@ -160,7 +160,7 @@ fn a_dispatcher_made_while_workers_are_down_gives_up_and_fails_the_rest() {
     // A worker that answers after being given up is not used again.
     cluster.restart(0);
     let last = dispatcher.schedule(&echo, args("z"), &[]).unwrap();
-    assert_eq!(failure(&last).kind.label(), "infra:UNAVAILABLE");
+    assert_eq!(failure(&last).kind, FailureKind::Infra(Code::Unavailable));
     assert!(cluster.executions().is_empty());
 }
 

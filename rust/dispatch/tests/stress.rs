@@ -134,8 +134,8 @@ fn check(setup: &Setup, closure: &Scheduled, executions: &HashMap<u64, usize>) -
     match (closure.kind, outcome(&closure.cell)) {
         (Kind::Raise, Outcome::Failed(error)) => {
             assert_eq!(
-                (error.kind.label(), error.type_name.as_str()),
-                ("user".into(), "ValueError")
+                (error.kind, error.type_name.as_str()),
+                (FailureKind::User, "ValueError")
             );
         }
         (_, Outcome::Value(value)) if closure.kind != Kind::Raise => {

@@ -5,19 +5,19 @@
 
 use std::time::{Duration, Instant};
 
-use super::closure::Work;
-use super::config::BackoffConfig;
-use super::failure::ClosureFailure;
-use super::link::{Interruption, Link};
-use super::metrics::Counters;
-use super::resources::ResourceState;
-use super::transport::WorkerTransport;
-use super::LinkState;
+use super::{Interruption, Link};
+use crate::dispatch::closure::Work;
+use crate::dispatch::config::BackoffConfig;
+use crate::dispatch::failure::ClosureFailure;
+use crate::dispatch::metrics::Counters;
+use crate::dispatch::resources::ResourceState;
+use crate::dispatch::transport::WorkerTransport;
+use crate::dispatch::LinkState;
 use crate::rpc::{pb, RpcError};
 
 /// Exponential reconnection delays: `initial`, doubling, capped at `max`.
 #[derive(Debug, Clone)]
-pub(crate) struct Backoff {
+pub(super) struct Backoff {
     next: Duration,
     max: Duration,
 }
@@ -39,7 +39,7 @@ impl Backoff {
 }
 
 /// How a recovery attempt ended.
-pub(crate) enum Recovery {
+pub(super) enum Recovery {
     Up,
     GaveUp,
     Stopped,

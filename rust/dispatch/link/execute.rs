@@ -1,18 +1,18 @@
 //! Preparing one closure for a link's worker — its per-worker inputs first, then its
 //! function (registered once per worker connection) — and what a worker's error for it
-//! means. Sending it and reading the answer is in `pipeline.rs`.
+//! means. Sending it and reading the answer is in `pipeline.rs` (this folder).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::closure::Closure;
-use super::failure::{ClosureFailure, FailureKind};
-use super::functions::Function;
-use super::link::{Interruption, Link};
-use super::metrics::Counters;
-use super::resources::{ResourceInner, ResourceState};
-use super::result_cell::EncodedValue;
-use super::transport::WorkerTransport;
+use super::{Interruption, Link};
+use crate::dispatch::closure::Closure;
+use crate::dispatch::failure::{ClosureFailure, FailureKind};
+use crate::dispatch::functions::Function;
+use crate::dispatch::metrics::Counters;
+use crate::dispatch::resources::{ResourceInner, ResourceState};
+use crate::dispatch::result_cell::EncodedValue;
+use crate::dispatch::transport::WorkerTransport;
 use crate::rpc::{pb, RpcError};
 
 /// Bound on sending a function payload (up to the message limit) to a worker.
@@ -21,7 +21,7 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(60);
 const MAX_INFRA_RETRIES: u32 = 3;
 
 /// What one execution attempt came to.
-pub(crate) enum Verdict {
+pub(super) enum Verdict {
     /// The closure ended: settle it.
     Done(Result<EncodedValue, ClosureFailure>),
     /// The worker is gone: put the closure back and recover the worker.

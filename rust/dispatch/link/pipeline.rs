@@ -1,24 +1,9 @@
-//! A link's `RunClosures` stream to its worker, the closures outstanding on it, and the
-//! pipelining rule.
+//! A link's `RunClosures` stream to its worker, the closures outstanding on it, and
+//! sending more while busy (pipelining).
 //!
-//! # Pipelining, and why it stays work-conserving
-//!
-//! An idle link (nothing outstanding) blocks on the queue and sends the closure it gets.
-//! A busy link may send more — up to `1 + pipeline_depth` outstanding, several per
-//! message — only while **no link is idle**: it takes closures without waiting
-//! (`try_get`), and only between two answers of its worker. Two rules keep a closure from
-//! waiting behind another on a busy worker while some worker is idle:
-//!
-//! - *Re-check after taking.* A busy link counts a closure as outstanding, then reads the
-//!   idle count again (both `SeqCst`); if a link went idle meanwhile, the closure goes back
-//!   to the queue for it.
-//! - *Reclaim when starving.* A link that goes idle and finds the queue empty asks every
-//!   link with two or more outstanding to reclaim: that link sends `return_queued`, and the
-//!   worker hands back, unstarted, what it had queued (the idle link then takes it from the
-//!   queue). With the re-check, one of the two always sees the other: either the pipelining
-//!   link sees the idle count, or the idle link sees its outstanding count.
-//!
-//! A closure handed back did not run: it is re-queued without counting as a retry.
+//! Whether a busy link may pipeline, and how an idle link gets closures back from busy
+//! ones, is the handshake of `balance.rs` (with the argument that keeps it
+//! work-conserving); this file sends, reads answers and reclaims by its verdicts.
 //!
 //! # Depth
 //!
@@ -51,18 +36,18 @@
 //! guarantees), and the link times the one closure outstanding itself.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use prost::Message;
 
-use super::closure::{Closure, Work};
-use super::config::ErrorPolicy;
 use super::execute::Verdict;
-use super::failure::ClosureFailure;
-use super::link::{run_on, Link};
-use super::result_cell::EncodedValue;
-use super::transport::WorkerTransport;
+use super::{run_on, Link};
+use crate::dispatch::closure::{Closure, Work};
+use crate::dispatch::config::ErrorPolicy;
+use crate::dispatch::failure::ClosureFailure;
+use crate::dispatch::resources::ResourceState;
+use crate::dispatch::result_cell::EncodedValue;
+use crate::dispatch::transport::WorkerTransport;
 use crate::queue::TryGetError;
 use crate::rpc::limits::too_large;
 use crate::rpc::{pb, ClosureChannel, RpcError};
@@ -112,40 +97,33 @@ impl<T: WorkerTransport> Link<T> {
         }
     }
 
-    /// Publishes how many closures this link has outstanding (read by idle links).
+    /// Publishes how many closures this link has outstanding, plus `extra` taken and not
+    /// sent yet (read by idle links, see `balance.rs`).
     fn publish(&self, extra: usize) {
         let count = self.pipeline.outstanding.len() + extra;
-        self.shared.links[self.index]
-            .outstanding
-            .store(count, Ordering::SeqCst);
+        self.shared.balance.publish(self.index, count);
     }
 
     /// Whether a busy link may send another closure now.
     fn may_pipeline(&self) -> bool {
-        self.pipeline.going_away.is_none()
-            && !self.shared.failure_pending.load(Ordering::SeqCst)
-            && self.shared.idle_links.load(Ordering::SeqCst) == 0
+        self.pipeline.going_away.is_none() && self.shared.balance.may_pipeline()
     }
 
     /// Takes work as an idle link: without waiting if some is queued, else after asking
     /// pipelining links to reclaim, blocking until work arrives. `None` once stopped.
     pub(super) fn take_when_idle(&mut self) -> Option<Work> {
         let shared = &self.shared;
-        shared.idle_links.fetch_add(1, Ordering::SeqCst);
-        let work = match shared.queue.try_get(Some(self.tag())) {
-            Ok(work) => Some(work),
-            Err(TryGetError::Stopped) => None,
-            Err(TryGetError::Empty) => {
-                for link in &shared.links {
-                    if link.outstanding() >= 2 {
-                        link.reclaim.notify_one();
-                    }
+        let tag = self.tag();
+        shared
+            .balance
+            .while_idle(|| match shared.queue.try_get(Some(tag)) {
+                Ok(work) => Some(work),
+                Err(TryGetError::Stopped) => None,
+                Err(TryGetError::Empty) => {
+                    shared.balance.ask_pipelining_links_to_reclaim();
+                    shared.queue.get(Some(tag), None)
                 }
-                shared.queue.get(Some(self.tag()), None)
-            }
-        };
-        shared.idle_links.fetch_sub(1, Ordering::SeqCst);
-        work
+            })
     }
 
     /// Sends as many queued closures as the pipelining rule allows, in one message.
@@ -206,8 +184,7 @@ impl<T: WorkerTransport> Link<T> {
     /// Whether `closure`'s per-worker inputs are built on this worker.
     fn inputs_ready_here(&self, closure: &Closure) -> bool {
         closure.resources.iter().all(|resource| {
-            !resource.is_released()
-                && resource.state(self.index) == super::resources::ResourceState::Ready
+            !resource.is_released() && resource.state(self.index) == ResourceState::Ready
         })
     }
 
@@ -302,12 +279,12 @@ impl<T: WorkerTransport> Link<T> {
             self.abandon();
             return;
         };
-        let reclaim = &self.shared.links[self.index].reclaim;
+        let reclaim = self.shared.balance.reclaim_requested(self.index);
         let event = run_on(&self.runtime, &self.stop, async {
             tokio::select! {
                 biased;
                 answers = channel.next() => Event::Answers(answers),
-                () = reclaim.notified() => Event::Reclaim,
+                () = reclaim => Event::Reclaim,
                 () = sleep_until(deadline) => Event::TimedOut,
             }
         });
@@ -353,8 +330,8 @@ impl<T: WorkerTransport> Link<T> {
     /// `cancel_all`) or a link is idle while this one has closures queued.
     fn reclaim(&mut self) {
         let outstanding = self.pipeline.outstanding.len();
-        let failed = self.shared.failure_pending.load(Ordering::SeqCst);
-        let starving = self.shared.idle_links.load(Ordering::SeqCst) > 0;
+        let failed = self.shared.balance.failure_pending();
+        let starving = self.shared.balance.any_idle();
         if (failed && outstanding >= 1) || (starving && outstanding >= 2) {
             if let Some(channel) = &self.pipeline.channel {
                 channel.send(pb::RunClosuresRequest {

@@ -2,14 +2,28 @@
 //! stream, and the worker's state machine (`up` → `recovering` → `up` | `given_up`) with
 //! reconnection backoff and resource rebuilding.
 //!
-//! Preparing a closure (inputs, function registration) and what a worker's error means is
-//! in `execute.rs`; the stream, the closures outstanding on it and the pipelining rule are
-//! in `pipeline.rs`; recovering a failed worker is in `recovery.rs`; this file is the loop
-//! around them. Per-worker resource work (builds, releases) is served only when nothing is
+//! [`Link`] is one type whose `impl` is split by concern, all in this folder:
+//!
+//! - `mod.rs` (this file): the type, the thread's loop over the states, serving one piece
+//!   of work, settling a closure, and running a future on the shared runtime.
+//! - `execute.rs`: preparing a closure (its per-worker inputs, its function registered)
+//!   and what a worker's error for it means (its `Verdict`).
+//! - `pipeline.rs`: the `RunClosures` stream, the closures outstanding on it, sending more
+//!   while busy, reading answers, reclaiming.
+//! - `balance.rs`: `Balance`, the counters and flags links share so that
+//!   pipelining stays work-conserving, with the memory-ordering argument.
+//! - `recovery.rs`: the state machine off the happy path (worker failed, probing with
+//!   backoff, rebuilding, giving up).
+//!
+//! Per-worker resource work (builds, releases) is served only when nothing is
 //! outstanding, one item at a time, as before pipelining.
 
+pub(crate) mod balance;
+mod execute;
+mod pipeline;
+mod recovery;
+
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,17 +32,17 @@ use tokio::sync::watch;
 
 use super::closure::{Closure, Work};
 use super::config::ErrorPolicy;
-use super::execute::Verdict;
 use super::failure::ClosureFailure;
 use super::functions::SentFunctions;
 use super::metrics::Counters;
-use super::pipeline::Pipeline;
-use super::recovery::Recovery;
 use super::resources::{ResourceInner, ResourceState};
 use super::result_cell::{EncodedValue, Outcome};
 use super::transport::WorkerTransport;
 use super::{LinkState, Shared};
 use crate::queue::Tag;
+use execute::Verdict;
+use pipeline::Pipeline;
+use recovery::Recovery;
 
 /// Bound on a `ReleaseResource` call; a worker that does not answer loses nothing by it.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,33 +51,36 @@ const IDLE_POLL: (Duration, Duration) = (Duration::from_millis(20), Duration::fr
 
 /// Why a step on a worker did not complete.
 #[derive(Debug)]
-pub(crate) enum Interruption {
+enum Interruption {
     /// The dispatcher is stopping.
     Stopped,
     /// The worker is gone (the message says how); recover it.
     WorkerFailed(String),
 }
 
-/// The serving side of one worker; owned by its thread.
+/// The serving side of one worker; owned by its thread. Its fields are private to this
+/// folder: the parts of its `impl` share them, nothing else does.
 pub(crate) struct Link<T> {
-    pub(super) index: usize,
-    pub(super) transport: T,
-    pub(super) shared: Arc<Shared>,
-    pub(super) runtime: Handle,
-    pub(super) stop: watch::Receiver<bool>,
+    index: usize,
+    transport: T,
+    shared: Arc<Shared>,
+    runtime: Handle,
+    stop: watch::Receiver<bool>,
     /// Functions this worker holds since it last (re)connected.
-    pub(super) sent: SentFunctions,
+    sent: SentFunctions,
     /// The worker process last seen (`GetStatus.pid`), to notice a restart.
-    pub(super) incarnation: Option<u64>,
+    incarnation: Option<u64>,
     /// When the current recovery began (the dispatcher's creation for the first one).
-    pub(super) recovering_since: Instant,
+    recovering_since: Instant,
     /// The stream to the worker and the closures outstanding on it.
-    pub(super) pipeline: Pipeline,
+    pipeline: Pipeline,
     /// Work taken while closures were outstanding that must wait until none is.
-    pub(super) held: Option<Work>,
+    held: Option<Work>,
 }
 
 impl<T: WorkerTransport> Link<T> {
+    /// Link `index`, talking to its worker through `transport`. Its status starts
+    /// `recovering` until the worker first answers.
     pub fn new(index: usize, transport: T, shared: Arc<Shared>, runtime: Handle) -> Self {
         let stop = shared.stop.subscribe();
         Self {
@@ -80,11 +97,13 @@ impl<T: WorkerTransport> Link<T> {
         }
     }
 
-    pub(super) fn tag(&self) -> Tag {
+    /// The queue tag of this link's per-worker work.
+    fn tag(&self) -> Tag {
         self.index as Tag
     }
 
-    pub(super) fn address(&self) -> &str {
+    /// The worker's address, for messages.
+    fn address(&self) -> &str {
         self.transport.address()
     }
 
@@ -159,7 +178,7 @@ impl<T: WorkerTransport> Link<T> {
     /// Starts one closure on an idle worker (then sends more if the pipelining rule
     /// allows), or settles it if it cannot start.
     fn run_closure(&mut self, closure: Closure) {
-        if self.shared.failure_pending.load(Ordering::SeqCst) {
+        if self.shared.balance.failure_pending() {
             // A closure failed under cancel_all: nothing queued starts until the error is
             // raised. Handing the closure back cancels it (the queue holds the error); in
             // the instant after the error was raised it is simply queued again.
@@ -175,7 +194,7 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Acts on what one execution attempt came to.
-    pub(super) fn settle(&mut self, mut closure: Closure, verdict: Verdict) {
+    fn settle(&mut self, mut closure: Closure, verdict: Verdict) {
         match verdict {
             // TF's transient-ps-failure rule: see ps_failures.rs.
             Verdict::Done(Err(failure)) if self.shared.ps_failures.record_and_ignore(&failure) => {
@@ -197,7 +216,7 @@ impl<T: WorkerTransport> Link<T> {
 
     /// `closure_timeout` expired: retry elsewhere once, then fail naming the workers; this
     /// worker takes nothing new until it reports idle.
-    pub(super) fn timed_out(&mut self, mut closure: Closure) {
+    fn timed_out(&mut self, mut closure: Closure) {
         let address = self.address().to_owned();
         closure.timed_out_on.push(address.clone());
         if closure.timed_out_on.len() >= 2 {
@@ -256,7 +275,7 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Settles `closure` with its value or error and tells the queue, per the policy.
-    pub(super) fn finish(&self, closure: Closure, result: Result<EncodedValue, ClosureFailure>) {
+    fn finish(&self, closure: Closure, result: Result<EncodedValue, ClosureFailure>) {
         let shared = &self.shared;
         shared.latency.observe(closure.scheduled_at().elapsed());
         // The cell is settled before the queue hears of it, so a join() that returns has
@@ -275,11 +294,9 @@ impl<T: WorkerTransport> Link<T> {
                     ErrorPolicy::CancelAll => {
                         // Set first, so no link starts a closure the raise will cancel,
                         // then have every link take back what its worker has queued.
-                        shared.failure_pending.store(true, Ordering::SeqCst);
+                        shared.balance.set_failure_pending();
                         let verdict = shared.queue.mark_failed(failure);
-                        for link in &shared.links {
-                            link.reclaim.notify_one();
-                        }
+                        shared.balance.ask_all_to_reclaim();
                         verdict
                     }
                     ErrorPolicy::PerClosure => shared.queue.mark_finished(),
@@ -290,7 +307,7 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Re-queues a closure that started (or may have) and must run again.
-    pub(super) fn put_back(&self, closure: Closure) {
+    fn put_back(&self, closure: Closure) {
         Counters::bump(&self.shared.counters.retried);
         let verdict = self.shared.queue.put_back(Work::Closure(closure));
         debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
@@ -298,19 +315,19 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Runs `future` on the shared runtime from this thread; `None` if the dispatcher
     /// stopped first (the future is dropped, cancelling its RPC).
-    pub(super) fn call<F: Future>(&self, future: F) -> Option<F::Output> {
+    fn call<F: Future>(&self, future: F) -> Option<F::Output> {
         run_on(&self.runtime, &self.stop, future)
     }
 
     /// Sleeps unless the dispatcher stops first; returns whether it slept through.
-    pub(super) fn sleep(&self, pause: Duration) -> bool {
+    fn sleep(&self, pause: Duration) -> bool {
         // Built inside the runtime: a tokio timer cannot be created outside one.
         self.call(async move { tokio::time::sleep(pause).await })
             .is_some()
     }
 
     /// Releases `resource` on this worker right away (it was released while being built).
-    pub(super) fn release_now(&self, resource: &ResourceInner) {
+    fn release_now(&self, resource: &ResourceInner) {
         let release = self
             .transport
             .release_resource(vec![resource.id], Some(RELEASE_TIMEOUT));
@@ -321,7 +338,7 @@ impl<T: WorkerTransport> Link<T> {
 /// Runs `future` on `runtime` from the calling thread; `None` if `stop` turned true first
 /// (the future is dropped, cancelling its RPC). A free function, so a caller can lend it
 /// a future that borrows other fields of the link mutably.
-pub(super) fn run_on<F: Future>(
+fn run_on<F: Future>(
     runtime: &Handle,
     stop: &watch::Receiver<bool>,
     future: F,

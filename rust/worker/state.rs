@@ -1,0 +1,165 @@
+//! [`WorkerState`]: the one state a worker's RPC handlers, its stream readers, the server
+//! handle and the executor share, and what every request does with it before it becomes
+//! a job (validation, lookups, size checks).
+//!
+//! The tonic handlers in `service.rs` only translate between messages and these methods,
+//! so unary and streamed requests are checked, refused and counted by the same code.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use prost::Message;
+use tonic::Status;
+
+use super::jobs::{JobQueue, JobReply, JobRequest};
+use super::stats::Stats;
+use super::store::{FunctionStore, StoredFunction};
+use super::validate;
+use crate::rpc::limits::too_large;
+use crate::rpc::{hex, pb, HASH_LEN, PROTOCOL_REVISION};
+
+/// State shared by the service, the stream readers, the server handle and the executor.
+pub struct WorkerState {
+    /// `--index` of this worker.
+    pub worker_index: i64,
+    /// Reported in `GetStatus`.
+    pub jax_version: String,
+    /// Reported in `GetStatus`.
+    pub platform: String,
+    /// Reported by `ListDevices`.
+    pub devices: Vec<pb::Device>,
+    /// Largest request or response, in bytes.
+    pub max_message_bytes: usize,
+    /// Registered functions.
+    pub store: FunctionStore,
+    /// Jobs waiting for the executor.
+    pub queue: Arc<JobQueue>,
+    /// Counters.
+    pub stats: Arc<Stats>,
+    /// When the server started, for `uptime_seconds`.
+    pub started: Instant,
+}
+
+impl WorkerState {
+    /// The `GetStatus` answer right now.
+    pub fn status(&self) -> pb::GetStatusResponse {
+        let (queued, inflight) = self.queue.depth();
+        let state = if self.queue.is_draining() {
+            pb::ServingState::Draining
+        } else {
+            pb::ServingState::Serving
+        };
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        pb::GetStatusResponse {
+            state: state.into(),
+            worker_index: self.worker_index,
+            jaxcluster_version: env!("CARGO_PKG_VERSION").to_owned(),
+            jax_version: self.jax_version.clone(),
+            platform: self.platform.clone(),
+            functions_registered: self.store.len() as u64,
+            closures_run: load(&self.stats.closures_run),
+            closures_failed: load(&self.stats.closures_failed),
+            queued: queued as u32,
+            inflight: inflight as u32,
+            resources_created: load(&self.stats.resources_created),
+            resources_released: load(&self.stats.resources_released),
+            unauthenticated_requests: load(&self.stats.unauthenticated),
+            rejected_requests: load(&self.stats.rejected),
+            pid: u64::from(std::process::id()),
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            protocol_revision: PROTOCOL_REVISION,
+        }
+    }
+
+    /// Checks and stores a function payload; `already_registered` when its hash was held.
+    /// Every refusal is counted.
+    pub fn register(
+        &self,
+        request: pb::RegisterFunctionRequest,
+    ) -> Result<pb::RegisterFunctionResponse, Status> {
+        let checked = validate::function_hash(&request.function_hash).and_then(|hash| {
+            let kind = validate::function_kind(request.kind)?;
+            validate::function_payload(kind, &request.payload, &hash)?;
+            Ok((hash, kind))
+        });
+        let (hash, kind) = checked.map_err(|s| self.stats.reject(s))?;
+        let already_registered = self.store.insert(StoredFunction {
+            hash,
+            kind,
+            payload: request.payload,
+        });
+        Ok(pb::RegisterFunctionResponse { already_registered })
+    }
+
+    /// The registered function an execution request names, after checking its hash and
+    /// arguments; every refusal is counted. Unary and streamed requests share it so that
+    /// they are refused alike.
+    fn checked_function(
+        &self,
+        function_hash: &[u8],
+        args: Option<&pb::Value>,
+    ) -> Result<StoredFunction, Status> {
+        let hash = validate::function_hash(function_hash)
+            .and_then(|hash| validate::value(args, "args").map(|()| hash))
+            .map_err(|s| self.stats.reject(s))?;
+        self.lookup(&hash)
+    }
+
+    /// The job for a `RunClosure` request, unary or streamed.
+    pub fn run_job(&self, request: pb::RunClosureRequest) -> Result<JobRequest, Status> {
+        let function = self.checked_function(&request.function_hash, request.args.as_ref())?;
+        Ok(JobRequest::Run {
+            closure_id: request.closure_id,
+            function,
+            args: request.args,
+        })
+    }
+
+    /// The job for a `CreateResource` request.
+    pub fn create_resource_job(
+        &self,
+        request: pb::CreateResourceRequest,
+    ) -> Result<JobRequest, Status> {
+        let function = self.checked_function(&request.function_hash, request.args.as_ref())?;
+        Ok(JobRequest::CreateResource {
+            resource_id: request.resource_id,
+            function,
+            args: request.args,
+        })
+    }
+
+    /// The function stored under `hash`; `NOT_FOUND` (counted) says how to recover, since
+    /// a restarted worker has lost what was registered.
+    fn lookup(&self, hash: &[u8; HASH_LEN]) -> Result<StoredFunction, Status> {
+        self.store.get(hash).ok_or_else(|| {
+            self.stats.reject(Status::not_found(format!(
+                "worker {} holds no function with hash 0x{}; call RegisterFunction with its \
+                 payload first (a restarted worker has lost its functions)",
+                self.worker_index,
+                hex(hash)
+            )))
+        })
+    }
+
+    /// Queues `request` for the executor and waits for its answer.
+    pub async fn submit(&self, request: JobRequest) -> Result<JobReply, Status> {
+        let receiver = self.queue.push(request)?;
+        receiver.await.unwrap_or_else(|_| {
+            Err(Status::internal(
+                "the worker's executor stopped before answering this request",
+            ))
+        })
+    }
+
+    /// Refuses a response above the size limit before tonic tries to encode it.
+    pub fn check_size<M: Message>(&self, message: &M, what: &str) -> Result<(), Status> {
+        let size = message.encoded_len();
+        if size > self.max_message_bytes {
+            return Err(self
+                .stats
+                .reject(too_large(what, size, self.max_message_bytes)));
+        }
+        Ok(())
+    }
+}
