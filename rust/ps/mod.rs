@@ -27,6 +27,7 @@ pub use dtype::{DType, Op};
 pub use store::{StoreError, VariableStore};
 
 use crate::rpc::auth::{validate_token, AuthCheck, AUTHORIZATION};
+use crate::rpc::connections::{ConnectionStats, ServerLimits};
 use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::rpc::pb;
 use crate::rpc::serve::{self, BindError, Serving};
@@ -50,6 +51,8 @@ pub struct PsConfig {
     pub max_message_bytes: usize,
     /// Serve TLS with this certificate and key; plaintext when `None`.
     pub tls: Option<crate::rpc::tls::ServerTls>,
+    /// Connections, streams per connection, and the time to authenticate.
+    pub limits: ServerLimits,
 }
 
 impl Default for PsConfig {
@@ -60,6 +63,7 @@ impl Default for PsConfig {
             ps_index: 0,
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             tls: None,
+            limits: ServerLimits::default(),
         }
     }
 }
@@ -139,6 +143,7 @@ impl PsServer {
         if let Some(token) = &config.auth_token {
             validate_token(token).map_err(PsError::Config)?;
         }
+        let limits = config.limits.validate().map_err(PsError::Config)?;
         if config.ps_index < 0 {
             return Err(PsError::Config(format!(
                 "ps index {} is negative; expected 0 or more",
@@ -155,6 +160,7 @@ impl PsServer {
             store: VariableStore::new(config.ps_index),
             stats: PsStats::default(),
             started: Instant::now(),
+            connections: Arc::new(ConnectionStats::default()),
         });
         let service = pb::parameter_server_server::ParameterServerServer::new(PsService::new(
             Arc::clone(&shared),
@@ -165,11 +171,11 @@ impl PsServer {
             config.auth_token.as_deref(),
             Arc::clone(&shared.stats.unauthenticated),
         ));
-        let router = serve::server(config.tls.as_ref(), Some(MAX_FRAME_BYTES))
+        let router = serve::server(config.tls.as_ref(), Some(MAX_FRAME_BYTES), &limits)
             .map_err(|e| PsError::Config(e.to_string()))?
             .add_service(InterceptedService::new(service, auth));
         Ok(Self {
-            serving: Serving::spawn(router, listener),
+            serving: Serving::spawn(router, listener, &limits, Arc::clone(&shared.connections)),
             local_addr,
             shared,
         })

@@ -43,6 +43,8 @@ pub struct PsShared {
     pub stats: PsStats,
     /// When the server started.
     pub started: Instant,
+    /// Connections admitted and dropped (shared with the accept loop).
+    pub connections: Arc<crate::rpc::connections::ConnectionStats>,
 }
 
 fn count(counter: &AtomicU64, n: u64) {
@@ -68,6 +70,8 @@ impl PsShared {
             rejected_requests: load(&self.stats.rejected),
             pid: u64::from(std::process::id()),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
+            connections_open: load(&self.connections.open),
+            connections_dropped: load(&self.connections.dropped),
         }
     }
 

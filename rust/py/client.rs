@@ -52,6 +52,9 @@ pub(crate) fn status_dict<'py>(
     d.set_item("pid", s.pid)?;
     d.set_item("uptime_seconds", s.uptime_seconds)?;
     d.set_item("protocol_revision", s.protocol_revision)?;
+    d.set_item("previous_exit", &s.previous_exit)?;
+    d.set_item("connections_open", s.connections_open)?;
+    d.set_item("connections_dropped", s.connections_dropped)?;
     Ok(d)
 }
 

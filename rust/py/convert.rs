@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList};
 
+use crate::rpc::connections::ServerLimits;
 use crate::rpc::ClientConfig;
 
 /// Converts a Python timeout in seconds (`None`: no limit) to a `Duration`.
@@ -49,4 +50,21 @@ pub(crate) fn bytes_list<'py>(py: Python<'py>, items: &[Bytes]) -> PyResult<Boun
 /// long as the `Bytes` does.
 pub(crate) fn to_bytes(data: PyBackedBytes) -> Bytes {
     Bytes::from_owner(data)
+}
+
+/// A server's [`ServerLimits`] from the Python arguments, checked.
+pub(crate) fn server_limits(
+    max_connections: usize,
+    max_streams_per_connection: u32,
+    handshake_timeout: f64,
+) -> PyResult<ServerLimits> {
+    let handshake_timeout =
+        duration(Some(handshake_timeout), "handshake_timeout")?.unwrap_or_default();
+    ServerLimits {
+        max_connections,
+        max_streams_per_connection,
+        handshake_timeout,
+    }
+    .validate()
+    .map_err(PyValueError::new_err)
 }

@@ -15,8 +15,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::blocking::{block_detached, finish_serving, in_runtime, wait_for};
-use super::convert::{client_config, duration};
+use super::convert::{client_config, duration, server_limits};
 use crate::ps::{Op, PsClient, PsConfig, PsError, PsServer};
+use crate::rpc::connections::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
 use arrays::{check_name, missing, to_array, to_indices, to_tensor};
@@ -43,6 +44,8 @@ fn status_dict<'py>(py: Python<'py>, s: &pb::PsStatusResponse) -> PyResult<Bound
     d.set_item("rejected_requests", s.rejected_requests)?;
     d.set_item("pid", s.pid)?;
     d.set_item("uptime_seconds", s.uptime_seconds)?;
+    d.set_item("connections_open", s.connections_open)?;
+    d.set_item("connections_dropped", s.connections_dropped)?;
     Ok(d)
 }
 
@@ -56,7 +59,11 @@ pub struct PyPsServer {
 impl PyPsServer {
     #[new]
     #[pyo3(signature = (address="127.0.0.1:0", *, auth_token=None, index=0,
-                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_cert=None, tls_key=None))]
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_cert=None, tls_key=None,
+                        max_connections=DEFAULT_MAX_CONNECTIONS,
+                        max_streams_per_connection=DEFAULT_MAX_STREAMS_PER_CONNECTION,
+                        handshake_timeout=5.0))]
+    #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     fn new(
         py: Python<'_>,
         address: &str,
@@ -65,14 +72,23 @@ impl PyPsServer {
         max_message_bytes: usize,
         tls_cert: Option<Vec<u8>>,
         tls_key: Option<Vec<u8>>,
+        max_connections: usize,
+        max_streams_per_connection: u32,
+        handshake_timeout: f64,
     ) -> PyResult<Self> {
         let tls = crate::rpc::tls::server_tls(tls_cert, tls_key).map_err(PyValueError::new_err)?;
+        let limits = server_limits(
+            max_connections,
+            max_streams_per_connection,
+            handshake_timeout,
+        )?;
         let config = PsConfig {
             tls,
             address: address.to_owned(),
             auth_token,
             ps_index: index,
             max_message_bytes,
+            limits,
         };
         let server = block_detached(py, PsServer::start(config))?.map_err(ps_error)?;
         Ok(Self {

@@ -11,10 +11,12 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::blocking::{block_detached, finish_serving, wait_in_slices};
 use super::client::status_dict;
-use super::convert::{bytes_list, duration, to_bytes};
+use super::convert::{bytes_list, duration, server_limits, to_bytes};
 use crate::rpc::codes::{function_kind_name, parse_code, parse_error_kind};
+use crate::rpc::connections::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
+use crate::worker::store::DEFAULT_MAX_FUNCTION_BYTES;
 use crate::worker::{Job, JobReply, JobRequest, Pop, WorkerConfig, WorkerError, WorkerServer};
 
 fn worker_error(error: WorkerError) -> PyErr {
@@ -37,7 +39,12 @@ impl PyWorkerServer {
     #[pyo3(signature = (address="127.0.0.1:0", *, auth_token=None, worker_index=0,
                         max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, devices=Vec::new(),
                         jax_version=String::new(), platform=String::new(),
-                        tls_cert=None, tls_key=None))]
+                        tls_cert=None, tls_key=None,
+                        max_connections=DEFAULT_MAX_CONNECTIONS,
+                        max_streams_per_connection=DEFAULT_MAX_STREAMS_PER_CONNECTION,
+                        handshake_timeout=5.0,
+                        max_function_bytes=DEFAULT_MAX_FUNCTION_BYTES,
+                        previous_exit=String::new()))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -50,9 +57,22 @@ impl PyWorkerServer {
         platform: String,
         tls_cert: Option<Vec<u8>>,
         tls_key: Option<Vec<u8>>,
+        max_connections: usize,
+        max_streams_per_connection: u32,
+        handshake_timeout: f64,
+        max_function_bytes: usize,
+        previous_exit: String,
     ) -> PyResult<Self> {
         let tls = crate::rpc::tls::server_tls(tls_cert, tls_key).map_err(PyValueError::new_err)?;
+        let limits = server_limits(
+            max_connections,
+            max_streams_per_connection,
+            handshake_timeout,
+        )?;
         let config = WorkerConfig {
+            limits,
+            max_function_bytes,
+            previous_exit,
             tls,
             address: address.to_owned(),
             auth_token,

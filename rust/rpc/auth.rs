@@ -39,7 +39,9 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Server-side interceptor: rejects a request whose token is missing or wrong with
-/// `UNAUTHENTICATED` before its body is decoded, so nothing about it runs.
+/// `UNAUTHENTICATED` before its body is decoded, so nothing about it runs. A request that
+/// passes marks its connection authenticated, which exempts it from the handshake timeout
+/// (see `connections.rs`).
 #[derive(Clone)]
 pub struct AuthCheck {
     /// SHA-256 of the expected `authorization` value; `None` accepts every request.
@@ -65,6 +67,7 @@ impl AuthCheck {
 impl Interceptor for AuthCheck {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
         let Some(expected) = &self.expected else {
+            super::connections::mark_authenticated(request.extensions());
             return Ok(request);
         };
         let Some(value) = request.metadata().get(AUTHORIZATION) else {
@@ -74,6 +77,7 @@ impl Interceptor for AuthCheck {
             ));
         };
         if constant_time_eq(&content_hash(value.as_bytes()), expected) {
+            super::connections::mark_authenticated(request.extensions());
             Ok(request)
         } else {
             Err(self.refuse(

@@ -10,6 +10,7 @@ pub mod channel;
 pub mod client;
 pub mod closure_stream;
 pub mod codes;
+pub mod connections;
 pub mod emulated;
 pub mod limits;
 pub mod serve;
@@ -30,8 +31,10 @@ pub mod pb {
 pub const HASH_LEN: usize = 32;
 
 /// Revision of the v1 protocol this build speaks (`GetStatusResponse.protocol_revision`).
-/// Revision 2 added `ClosureError.ps_task`; revision 3 added the `RunClosures` stream.
-pub const PROTOCOL_REVISION: u32 = 3;
+/// Revision 2 added `ClosureError.ps_task`; revision 3 added the `RunClosures` stream;
+/// revision 4 added heartbeats and leases on `RunClosures`, `GetStatusResponse.previous_exit`
+/// and the connection counters.
+pub const PROTOCOL_REVISION: u32 = 4;
 
 /// The content hash of a function payload: its SHA-256 digest.
 ///

@@ -5,18 +5,22 @@
 //! to either from missing the other.
 
 use std::net::SocketAddr;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::body::Body;
 use tonic::codegen::http::Response;
-use tonic::transport::server::{Router, TcpIncoming};
+use tonic::transport::server::Router;
 use tonic::transport::Server;
 use tower::layer::util::{Identity, Stack};
 use tower::util::MapResponseLayer;
 
+use super::connections::{
+    effective_max_connections, raise_file_limit, ConnectionStats, Incoming, ServerLimits,
+};
 use super::limits::{size_status_layer, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES};
 use super::tls::{ServerTls, TlsError};
 
@@ -68,16 +72,29 @@ pub async fn bind(
     Ok((listener, local_addr))
 }
 
+/// Largest header block a client may send: gRPC metadata is a few hundred bytes, and the
+/// headers of a request are decoded before its token is checked.
+const MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
+/// HTTP/2 pings on idle connections, so the connection of a client that vanished without
+/// closing it (a partitioned or powered-off host) is closed and its memory released.
+const KEEPALIVE: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(20));
+
 /// A server builder with TLS when given, the shared flow-control windows, HTTP/2 frames of
-/// up to `max_frame_bytes` (`None`: the default), and the layer that words size refusals.
+/// up to `max_frame_bytes` (`None`: the default), at most `limits.max_streams_per_connection`
+/// concurrent calls per connection, keepalive, and the layer that words size refusals.
 pub fn server(
     tls: Option<&ServerTls>,
     max_frame_bytes: Option<u32>,
+    limits: &ServerLimits,
 ) -> Result<Server<Layers>, TlsError> {
     Ok(super::tls::server_builder(tls)?
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .max_frame_size(max_frame_bytes)
+        .max_concurrent_streams(limits.max_streams_per_connection)
+        .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
+        .http2_keepalive_interval(Some(KEEPALIVE.0))
+        .http2_keepalive_timeout(Some(KEEPALIVE.1))
         .layer(size_status_layer::<Body>()))
 }
 
@@ -89,15 +106,29 @@ pub struct Serving {
 }
 
 impl Serving {
-    /// Serves `router` on `listener` on the current tokio runtime until [`Serving::stop`].
-    pub fn spawn(router: Router<Layers>, listener: TcpListener) -> Self {
+    /// Serves `router` on `listener` on the current tokio runtime until [`Serving::stop`],
+    /// admitting connections under `limits` (see `connections.rs`; the process's file
+    /// limit is raised to its hard limit first) and counting them in `stats`.
+    pub fn spawn(
+        router: Router<Layers>,
+        listener: TcpListener,
+        limits: &ServerLimits,
+        stats: Arc<ConnectionStats>,
+    ) -> Self {
+        let max = effective_max_connections(limits.max_connections, raise_file_limit());
+        if max < limits.max_connections {
+            tracing::info!(
+                target: "jaxcluster.server",
+                max_connections = max,
+                configured = limits.max_connections,
+                "connections bounded by the open-file limit"
+            );
+        }
+        let incoming = Incoming::new(listener, *limits, max, stats);
         let (stop, stopped) = oneshot::channel::<()>();
-        let serve = router.serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            async {
-                let _ = stopped.await;
-            },
-        );
+        let serve = router.serve_with_incoming_shutdown(incoming, async {
+            let _ = stopped.await;
+        });
         Self {
             stop: Mutex::new(Some(stop)),
             task: Mutex::new(Some(tokio::spawn(serve))),

@@ -131,6 +131,11 @@ impl Job {
     }
 
     fn send(&mut self, result: Result<JobReply, Status>) {
+        if self.queue.is_some() {
+            if let Some(stream) = self.stream() {
+                stream.lease().set_running(0);
+            }
+        }
         match self.reply.take() {
             // The caller may have gone away (cancelled or timed out); nothing to do then.
             Some(ReplyTo::Call(sender)) => drop(sender.send(result)),
@@ -458,22 +463,60 @@ impl JobQueue {
         }
     }
 
-    /// `Busy`, the next job, or `None` when nothing is queued. Skips closures whose
-    /// stream's client went away: nobody would read their answers.
+    /// `Busy`, the next job that may start, or `None` when none may. Drops closures nobody
+    /// would read the answers of; leaves a leased stream's closures queued while its lease
+    /// is not valid.
     fn take_next(self: &Arc<Self>, state: &mut State) -> Option<Pop> {
         if state.inflight > 0 {
             return Some(Pop::Busy);
         }
-        while let Some(mut job) = state.jobs.pop_front() {
-            if job.stream().is_some_and(|stream| stream.is_abandoned()) {
-                job.reply = None;
-                continue;
+        let now = Instant::now();
+        let mut index = 0;
+        while let Some(job) = state.jobs.get(index) {
+            let startable = match &job.reply {
+                // Nobody would read the answer: a stream whose client went away, or a
+                // unary call cancelled (or timed out) by its client while queued.
+                Some(ReplyTo::Stream(stream)) if stream.is_abandoned() => None,
+                Some(ReplyTo::Call(sender)) if sender.is_closed() => None,
+                // A leased stream's closures wait for its lease (see stream.rs); its
+                // other closures wait with them, so the stream's order is kept.
+                Some(ReplyTo::Stream(stream)) => {
+                    let (allowed, ask) = stream.lease().allows_start(now);
+                    if ask {
+                        stream.heartbeat();
+                    }
+                    Some(allowed)
+                }
+                _ => Some(true),
+            };
+            match startable {
+                Some(false) => index += 1,
+                None => {
+                    if let Some(mut dropped) = state.jobs.remove(index) {
+                        dropped.reply = None;
+                    }
+                }
+                Some(true) => {
+                    let mut job = state.jobs.remove(index)?;
+                    state.inflight += 1;
+                    job.queue = Some(Arc::clone(self));
+                    if let (Some(stream), JobRequest::Run { closure_id, .. }) =
+                        (job.stream(), &job.request)
+                    {
+                        stream.lease().set_running(*closure_id);
+                    }
+                    return Some(Pop::Job(job));
+                }
             }
-            state.inflight += 1;
-            job.queue = Some(Arc::clone(self));
-            return Some(Pop::Job(job));
         }
         None
+    }
+
+    /// Wakes the executor if it sleeps (e.g. a lease was renewed, so waiting closures may
+    /// start now).
+    pub(super) fn notify(&self) {
+        let state = self.lock();
+        self.wake(state);
     }
 
     fn finish_one(&self) {

@@ -45,6 +45,7 @@ use tonic::service::interceptor::InterceptedService;
 pub use jobs::{Job, JobReply, JobRequest, Pop};
 
 use crate::rpc::auth::{validate_token, AuthCheck};
+use crate::rpc::connections::{ConnectionStats, ServerLimits};
 use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::rpc::pb;
 use crate::rpc::serve::{self, BindError, Serving};
@@ -73,6 +74,13 @@ pub struct WorkerConfig {
     pub platform: String,
     /// Serve TLS with this certificate and key; plaintext when `None`.
     pub tls: Option<crate::rpc::tls::ServerTls>,
+    /// Connections, streams per connection, and the time to authenticate.
+    pub limits: ServerLimits,
+    /// Bytes of registered function payloads kept (least recently used evicted first).
+    pub max_function_bytes: usize,
+    /// How the previous worker process on this address ended (reported by `GetStatus`);
+    /// empty when unknown.
+    pub previous_exit: String,
 }
 
 impl Default for WorkerConfig {
@@ -86,6 +94,9 @@ impl Default for WorkerConfig {
             jax_version: String::new(),
             platform: String::new(),
             tls: None,
+            limits: ServerLimits::default(),
+            max_function_bytes: store::DEFAULT_MAX_FUNCTION_BYTES,
+            previous_exit: String::new(),
         }
     }
 }
@@ -135,20 +146,31 @@ impl WorkerServer {
         if let Some(token) = &config.auth_token {
             validate_token(token).map_err(WorkerError::Config)?;
         }
+        let limits = config.limits.validate().map_err(WorkerError::Config)?;
+        if config.max_function_bytes == 0 {
+            return Err(WorkerError::Config(
+                "max_function_bytes=0 would refuse every function; expected a positive number \
+                 of bytes (default 1 GiB)"
+                    .to_owned(),
+            ));
+        }
         let exposes = "run code on this machine";
         let (listener, local_addr) =
             serve::bind(&config.address, config.auth_token.is_some(), exposes).await?;
         let counters = Arc::new(Stats::default());
+        let connections = Arc::new(ConnectionStats::default());
         let state = Arc::new(WorkerState {
             worker_index: config.worker_index,
             jax_version: config.jax_version,
             platform: config.platform,
             devices: config.devices,
             max_message_bytes: limit,
-            store: FunctionStore::default(),
+            store: FunctionStore::new(config.max_function_bytes),
             queue: Arc::new(JobQueue::new(Arc::clone(&counters), config.worker_index)),
             stats: Arc::clone(&counters),
             started: Instant::now(),
+            previous_exit: config.previous_exit,
+            connections: Arc::clone(&connections),
         });
         let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&state)))
             .max_decoding_message_size(limit)
@@ -157,11 +179,11 @@ impl WorkerServer {
             config.auth_token.as_deref(),
             Arc::clone(&counters.unauthenticated),
         );
-        let router = serve::server(config.tls.as_ref(), None)
+        let router = serve::server(config.tls.as_ref(), None, &limits)
             .map_err(|e| WorkerError::Config(e.to_string()))?
             .add_service(InterceptedService::new(service, auth));
         Ok(Self {
-            serving: Serving::spawn(router, listener),
+            serving: Serving::spawn(router, listener, &limits, connections),
             local_addr,
             state,
         })

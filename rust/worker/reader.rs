@@ -15,7 +15,7 @@ use tonic::{Status, Streaming};
 
 use super::jobs::JobQueue;
 use super::state::WorkerState;
-use super::stream::{reply_channel, ClosureStream, Replies, ReplySender};
+use super::stream::{reply_channel, ClosureStream, Lease, Replies, ReplySender};
 use crate::rpc::pb;
 
 /// Starts serving one `RunClosures` call: spawns the task that queues the requests and
@@ -24,8 +24,8 @@ pub(super) fn serve(
     state: &Arc<WorkerState>,
     incoming: Streaming<pb::RunClosuresRequest>,
 ) -> Replies {
-    let (sender, replies) = reply_channel(state.max_message_bytes);
-    tokio::spawn(read_requests(Arc::clone(state), incoming, sender));
+    let (sender, lease, replies) = reply_channel(state.max_message_bytes);
+    tokio::spawn(read_requests(Arc::clone(state), incoming, sender, lease));
     replies
 }
 
@@ -36,6 +36,7 @@ async fn read_requests(
     state: Arc<WorkerState>,
     mut incoming: Streaming<pb::RunClosuresRequest>,
     sender: ReplySender,
+    lease: Arc<Lease>,
 ) {
     // The stream's options come with its first message.
     let first = tokio::select! {
@@ -45,10 +46,12 @@ async fn read_requests(
     let Ok(Some(first)) = first else {
         return;
     };
+    lease.start(first.lease_ms);
     let stream = Arc::new(ClosureStream::new(
         sender,
         first.halt_on_error,
         state.max_message_bytes,
+        lease,
     ));
     state.queue.open_stream(&stream);
     read_stream(&state, &stream, first, incoming).await;
@@ -88,13 +91,20 @@ async fn read_stream(
     }
 }
 
-/// Applies one request message: `resume`, then `return_queued`, then its closures.
+/// Applies one request message: the heartbeat acknowledgement and ping, `resume`, then
+/// `return_queued`, then its closures.
 fn queue_message(
     state: &WorkerState,
     stream: &Arc<ClosureStream>,
     request: pb::RunClosuresRequest,
 ) {
     let queue: &JobQueue = &state.queue;
+    if stream.lease().acknowledge(request.heartbeat_ack) {
+        queue.notify();
+    }
+    if request.ping && stream.lease().is_leased() {
+        stream.heartbeat();
+    }
     if request.resume {
         queue.resume_stream(stream);
     }

@@ -16,6 +16,7 @@ use super::jobs::{JobQueue, JobReply, JobRequest};
 use super::stats::Stats;
 use super::store::{FunctionStore, StoredFunction};
 use super::validate;
+use crate::rpc::connections::ConnectionStats;
 use crate::rpc::limits::too_large;
 use crate::rpc::{hex, pb, HASH_LEN, PROTOCOL_REVISION};
 
@@ -39,6 +40,10 @@ pub struct WorkerState {
     pub stats: Arc<Stats>,
     /// When the server started, for `uptime_seconds`.
     pub started: Instant,
+    /// How the previous worker process on this address ended, if its launcher said.
+    pub previous_exit: String,
+    /// Connections admitted and dropped (shared with the accept loop).
+    pub connections: Arc<ConnectionStats>,
 }
 
 impl WorkerState {
@@ -69,6 +74,9 @@ impl WorkerState {
             pid: u64::from(std::process::id()),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             protocol_revision: PROTOCOL_REVISION,
+            previous_exit: self.previous_exit.clone(),
+            connections_open: load(&self.connections.open),
+            connections_dropped: load(&self.connections.dropped),
         }
     }
 
@@ -84,11 +92,14 @@ impl WorkerState {
             Ok((hash, kind))
         });
         let (hash, kind) = checked.map_err(|s| self.stats.reject(s))?;
-        let already_registered = self.store.insert(StoredFunction {
-            hash,
-            kind,
-            payload: request.payload,
-        });
+        let already_registered = self
+            .store
+            .insert(StoredFunction {
+                hash,
+                kind,
+                payload: request.payload,
+            })
+            .map_err(|s| self.stats.reject(s))?;
         Ok(pb::RegisterFunctionResponse { already_registered })
     }
 

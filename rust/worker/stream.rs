@@ -10,10 +10,30 @@
 //! answers a run of short closures with a few HTTP/2 frames rather than one per closure.
 //! Reading the stream's requests is `reader.rs`; whether a stream is halted is the job
 //! queue's to know (`jobs.rs`), under the lock its executor pops under.
+//!
+//! # Heartbeats and the lease (protocol revision 4)
+//!
+//! A stream whose first message sets `lease_ms` is *leased* ([`Lease`]): every response
+//! message carries a heartbeat (the worker's clock, in microseconds since the stream
+//! opened) and the id of the stream's closure running then; the coordinator echoes the
+//! highest heartbeat it received in `heartbeat_ack`, and pings while it waits. The job
+//! queue starts a closure of a leased stream only while `now < acked heartbeat + lease_ms`.
+//!
+//! Why that is safe: the coordinator declares the worker failed (and gives its queued
+//! closures to other workers) only after hearing nothing for at least `lease_ms`. A
+//! heartbeat stamped at worker time `w` reached it no earlier than `w`, so it declares no
+//! earlier than `w + lease_ms`; a worker that starts a closure before `w + lease_ms`
+//! therefore starts it before the coordinator could have withdrawn it. A worker that was
+//! frozen (SIGSTOP, a stalled VM) or cut off comes back with every lease expired: acks
+//! read from its socket after the freeze still carry old heartbeats, so its queued closures
+//! stay unstarted until the cancelled stream drops them. The stamp is taken when the
+//! message is built, before it is written, which only makes the lease shorter.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use prost::Message;
 use tokio::sync::mpsc;
@@ -32,19 +52,120 @@ const REPLY_FRAMING: usize = 16;
 /// Stream ids are unique in the process, for matching a stream's jobs in the queue.
 static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 
+/// What goes out on a stream's response: an answer, or a request to send a message now
+/// (a heartbeat) even with no answer due.
+#[derive(Debug)]
+pub(super) enum Outgoing {
+    Reply(pb::ClosureReply),
+    Heartbeat,
+}
+
 /// The sending half of a stream's answer channel, kept by its [`ClosureStream`].
-pub(super) type ReplySender = mpsc::UnboundedSender<pb::ClosureReply>;
+pub(super) type ReplySender = mpsc::UnboundedSender<Outgoing>;
 
 /// A new stream's answer channel: the sender its [`ClosureStream`] will own once the
-/// stream's options arrive, and the response stream that sends what goes into it.
-pub(super) fn reply_channel(max_message_bytes: usize) -> (ReplySender, Replies) {
+/// stream's options arrive, the stream's [`Lease`], and the response stream that sends
+/// what goes into the channel.
+pub(super) fn reply_channel(max_message_bytes: usize) -> (ReplySender, Arc<Lease>, Replies) {
     let (sender, receiver) = mpsc::unbounded_channel();
+    let lease = Arc::new(Lease::new());
     let replies = Replies {
         receiver,
         held: None,
         max_message_bytes,
+        lease: Arc::clone(&lease),
     };
-    (sender, replies)
+    (sender, lease, replies)
+}
+
+/// A stream's heartbeats and lease (see the module documentation). Shared by the stream,
+/// its response and the job queue, which asks [`Lease::allows_start`] before starting one
+/// of the stream's closures.
+#[derive(Debug)]
+pub struct Lease {
+    opened: Instant,
+    /// `lease_ms` from the first message; unset: not leased.
+    length: OnceLock<Duration>,
+    /// Microseconds since `opened` until which closures may start; 0: none yet.
+    valid_until: AtomicU64,
+    /// The stream's closure running now; 0 if none.
+    running: AtomicU64,
+    /// Closures wait for a lease: ask the coordinator to acknowledge at once.
+    wants_ack: AtomicBool,
+}
+
+impl Lease {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            length: OnceLock::new(),
+            valid_until: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            wants_ack: AtomicBool::new(false),
+        }
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.opened).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Makes the stream leased, `lease_ms` long (0: not leased); from the first message.
+    pub(super) fn start(&self, lease_ms: u32) {
+        if lease_ms > 0 {
+            let _ = self.length.set(Duration::from_millis(u64::from(lease_ms)));
+        }
+    }
+
+    /// Whether the stream is leased.
+    pub(super) fn is_leased(&self) -> bool {
+        self.length.get().is_some()
+    }
+
+    /// The heartbeat for a message built now (never 0).
+    fn heartbeat(&self) -> u64 {
+        self.micros(Instant::now()) + 1
+    }
+
+    /// Extends the lease from the acknowledged heartbeat `ack`; returns whether that made
+    /// it valid now where it was not (closures may have been waiting).
+    pub(super) fn acknowledge(&self, ack: u64) -> bool {
+        let Some(length) = self.length.get() else {
+            return false;
+        };
+        if ack == 0 {
+            return false;
+        }
+        let until = (ack - 1).saturating_add(u64::try_from(length.as_micros()).unwrap_or(u64::MAX));
+        let now = self.micros(Instant::now());
+        let before = self.valid_until.fetch_max(until, Ordering::AcqRel);
+        before <= now && until > now
+    }
+
+    /// Whether one of the stream's closures may start at `now`. When not, the next
+    /// message asks the coordinator for an acknowledgement; the returned flag says whether
+    /// that request is new (then the caller makes a message go out).
+    pub(super) fn allows_start(&self, now: Instant) -> (bool, bool) {
+        if self.length.get().is_none()
+            || self.micros(now) < self.valid_until.load(Ordering::Acquire)
+        {
+            return (true, false);
+        }
+        (false, !self.wants_ack.swap(true, Ordering::AcqRel))
+    }
+
+    /// Records which of the stream's closures runs now (0: none).
+    pub(super) fn set_running(&self, closure_id: u64) {
+        self.running.store(closure_id, Ordering::Release);
+    }
+
+    /// The heartbeat fields of a message built now.
+    fn stamp(&self, message: &mut pb::RunClosuresResponse) {
+        if self.is_leased() {
+            message.heartbeat = self.heartbeat();
+            message.running_closure_id = self.running.load(Ordering::Acquire);
+            message.wants_ack = self.wants_ack.swap(false, Ordering::AcqRel);
+        }
+    }
 }
 
 /// One open `RunClosures` stream's answer sink, shared by its reader task and its queued
@@ -54,17 +175,34 @@ pub struct ClosureStream {
     replies: ReplySender,
     halt_on_error: bool,
     max_message_bytes: usize,
+    lease: Arc<Lease>,
 }
 
 impl ClosureStream {
-    /// A stream answering into `replies`.
-    pub(super) fn new(replies: ReplySender, halt_on_error: bool, max_message_bytes: usize) -> Self {
+    /// A stream answering into `replies`, under `lease`.
+    pub(super) fn new(
+        replies: ReplySender,
+        halt_on_error: bool,
+        max_message_bytes: usize,
+        lease: Arc<Lease>,
+    ) -> Self {
         Self {
             id: NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed),
             replies,
             halt_on_error,
             max_message_bytes,
+            lease,
         }
+    }
+
+    /// The stream's heartbeats and lease.
+    pub(super) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Sends a message now (carrying a heartbeat), with or without answers.
+    pub(super) fn heartbeat(&self) {
+        let _ = self.replies.send(Outgoing::Heartbeat);
     }
 
     /// The stream's id, unique in the process: the job queue keys its halted set by it.
@@ -124,7 +262,7 @@ impl ClosureStream {
 
     /// Sends `reply`; a client that went away loses nothing it still wanted.
     pub(super) fn send(&self, reply: pb::ClosureReply) {
-        let _ = self.replies.send(reply);
+        let _ = self.replies.send(Outgoing::Reply(reply));
     }
 
     /// Answers `closure_id` with the status unary `RunClosure` would have failed with.
@@ -161,29 +299,41 @@ impl std::fmt::Debug for ClosureStream {
 /// The response half of a `RunClosures` call: every answer ready when polled, in one
 /// message (up to the size limit).
 pub struct Replies {
-    receiver: mpsc::UnboundedReceiver<pb::ClosureReply>,
+    receiver: mpsc::UnboundedReceiver<Outgoing>,
     /// An answer that did not fit in the previous message.
     held: Option<pb::ClosureReply>,
     max_message_bytes: usize,
+    lease: Arc<Lease>,
 }
+
+/// Room left in a message for the heartbeat fields.
+const HEARTBEAT_FRAMING: usize = 32;
 
 impl Stream for Replies {
     type Item = Result<pb::RunClosuresResponse, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let first = match self.held.take() {
-            Some(reply) => reply,
-            None => match self.receiver.poll_recv(cx) {
-                Poll::Ready(Some(reply)) => reply,
+        let mut replies = Vec::new();
+        if let Some(reply) = self.held.take() {
+            replies.push(reply);
+        } else {
+            match self.receiver.poll_recv(cx) {
+                Poll::Ready(Some(Outgoing::Reply(reply))) => replies.push(reply),
+                Poll::Ready(Some(Outgoing::Heartbeat)) => {}
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
-            },
-        };
-        let mut size = first.encoded_len() + REPLY_FRAMING;
-        let mut replies = vec![first];
+            }
+        }
+        let mut size = HEARTBEAT_FRAMING
+            + replies
+                .iter()
+                .map(|reply| reply.encoded_len() + REPLY_FRAMING)
+                .sum::<usize>();
         while replies.len() < MAX_REPLIES_PER_MESSAGE {
-            let Ok(reply) = self.receiver.try_recv() else {
-                break;
+            let reply = match self.receiver.try_recv() {
+                Ok(Outgoing::Reply(reply)) => reply,
+                Ok(Outgoing::Heartbeat) => continue,
+                Err(_) => break,
             };
             let more = reply.encoded_len() + REPLY_FRAMING;
             if size + more > self.max_message_bytes {
@@ -193,6 +343,11 @@ impl Stream for Replies {
             size += more;
             replies.push(reply);
         }
-        Poll::Ready(Some(Ok(pb::RunClosuresResponse { replies })))
+        let mut message = pb::RunClosuresResponse {
+            replies,
+            ..pb::RunClosuresResponse::default()
+        };
+        self.lease.stamp(&mut message);
+        Poll::Ready(Some(Ok(message)))
     }
 }
