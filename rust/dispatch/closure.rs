@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
+use super::deaths::Death;
 use super::functions::Function;
 use super::resources::ResourceInner;
 use super::result_cell::{EncodedValue, Outcome, ResultCell};
@@ -40,6 +41,8 @@ pub struct Closure {
     pub(crate) timed_out_on: Vec<String>,
     /// Worker-reported infrastructure errors retried so far.
     pub(crate) infra_retries: u32,
+    /// Deaths of its worker while it ran (see `deaths.rs`); a closure with any runs alone.
+    pub(crate) deaths: Vec<Arc<Death>>,
     pub(crate) context: Arc<CancelContext>,
 }
 
@@ -52,6 +55,11 @@ impl Closure {
     /// The cell the closure's outcome lands in.
     pub fn cell(&self) -> Arc<ResultCell> {
         Arc::clone(&self.cell)
+    }
+
+    /// Whether a worker died under it before: then it runs alone, so a death is its own.
+    pub(crate) fn runs_alone(&self) -> bool {
+        !self.deaths.is_empty()
     }
 
     /// When the closure was scheduled.

@@ -14,6 +14,15 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// Closures a busy worker may have queued behind its running one when no worker is idle
 /// (see `link/pipeline.rs` for the measurements behind the number).
 pub const DEFAULT_PIPELINE_DEPTH: usize = 16;
+/// How long a worker running closures may stay silent before it is declared failed
+/// (`JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC`): a frozen or cut-off worker is noticed this fast.
+pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Deaths of its worker a closure survives before it fails (`JAXCLUSTER_MAX_CLOSURE_RETRIES`),
+/// as Ray's `max_retries`.
+pub const DEFAULT_MAX_CLOSURE_RETRIES: u32 = 3;
+/// How long the coordinator waits to reach its first worker before failing what is
+/// scheduled (`JAXCLUSTER_CONNECT_TIMEOUT_SEC`).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What a closure error does to the rest (see SPEC §6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +109,17 @@ pub struct DispatcherConfig {
     /// Reports about one ps task at which its failure stops being transient (TF's
     /// `TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`); 0 treats every report as lasting.
     pub transient_ps_failures: u32,
+    /// Silence after which a worker running closures is declared failed (workers of
+    /// protocol revision 4 and later, which answer heartbeats); `None`: only the transport
+    /// notices (HTTP/2 keepalive, about 40 s).
+    pub heartbeat_timeout: Option<Duration>,
+    /// Times a closure may run again after its worker died under it; `None`: without
+    /// bound (TF's behaviour).
+    pub max_closure_retries: Option<u32>,
+    /// If no worker has answered this long after the dispatcher started, what is scheduled
+    /// fails with `UNAVAILABLE` naming every worker and its last error; `None`: wait for
+    /// the recovery bound (TF's behaviour).
+    pub connect_timeout: Option<Duration>,
 }
 
 impl Default for DispatcherConfig {
@@ -114,6 +134,9 @@ impl Default for DispatcherConfig {
             probe_timeout: Duration::from_secs(5),
             pipeline_depth: DEFAULT_PIPELINE_DEPTH,
             transient_ps_failures: DEFAULT_TRANSIENT_PS_FAILURES,
+            heartbeat_timeout: Some(DEFAULT_HEARTBEAT_TIMEOUT),
+            max_closure_retries: Some(DEFAULT_MAX_CLOSURE_RETRIES),
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
         }
     }
 }
@@ -122,7 +145,9 @@ impl DispatcherConfig {
     /// The defaults, with the environment variables applied: `JAXCLUSTER_WORKER_RECOVERY_SEC`,
     /// the staggered-start pair (`TF_COORDINATOR_SCHEDULE_START_DELAY(_MAX)`) and
     /// `TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`, each `TF_` name with a
-    /// `JAXCLUSTER_COORDINATOR_…` alias that wins when both are set.
+    /// `JAXCLUSTER_COORDINATOR_…` alias that wins when both are set; and
+    /// `JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC`, `JAXCLUSTER_MAX_CLOSURE_RETRIES` and
+    /// `JAXCLUSTER_CONNECT_TIMEOUT_SEC`, where `none` means no bound.
     pub fn from_env() -> Result<Self, DispatchError> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -161,8 +186,71 @@ impl DispatcherConfig {
         )? {
             config.transient_ps_failures = threshold;
         }
+        if let Some(timeout) = optional_var(&lookup, "JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC", |text| {
+            positive_seconds(text)
+        })? {
+            config.heartbeat_timeout = timeout;
+        }
+        if let Some(retries) = optional_var(&lookup, "JAXCLUSTER_MAX_CLOSURE_RETRIES", |text| {
+            text.parse::<u32>().ok()
+        })? {
+            config.max_closure_retries = retries;
+        }
+        if let Some(timeout) = optional_var(&lookup, "JAXCLUSTER_CONNECT_TIMEOUT_SEC", |text| {
+            positive_seconds(text)
+        })? {
+            config.connect_timeout = timeout;
+        }
         Ok(config)
     }
+
+    /// How often a link pings a worker it waits on (a fifth of the heartbeat timeout).
+    pub fn ping_interval(&self) -> Option<Duration> {
+        self.heartbeat_timeout.map(|timeout| timeout / 5)
+    }
+
+    /// The lease a link grants its worker's streams: nine tenths of the heartbeat timeout,
+    /// which leaves room for the two clocks running at slightly different rates (see
+    /// `worker/stream.rs` for why a lease no longer than the timeout is safe).
+    pub fn lease(&self) -> Option<Duration> {
+        self.heartbeat_timeout.map(|timeout| timeout * 9 / 10)
+    }
+}
+
+/// A positive, finite number of seconds.
+fn positive_seconds(text: &str) -> Option<Duration> {
+    parse_seconds(text).filter(|d| !d.is_zero())
+}
+
+/// Parses the variable `name` if set and not blank: `none` (any case) is `Some(None)`,
+/// anything `parse` accepts is `Some(Some(value))`, the rest is refused saying what is
+/// expected.
+fn optional_var<V>(
+    lookup: &impl Fn(&str) -> Option<String>,
+    name: &str,
+    parse: impl Fn(&str) -> Option<V>,
+) -> Result<Option<Option<V>>, DispatchError> {
+    let Some(raw) = lookup(name) else {
+        return Ok(None);
+    };
+    let text = raw.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(Some(None));
+    }
+    parse(text).map(|value| Some(Some(value))).ok_or_else(|| {
+        let expected = if name.ends_with("_SEC") {
+            "a positive number of seconds such as 5 or 0.5"
+        } else {
+            "a count such as 3 (0: never run again)"
+        };
+        DispatchError::InvalidArgument(format!(
+            "environment variable {name}={raw:?} is not valid; expected {expected}, or 'none' \
+             for no bound"
+        ))
+    })
 }
 
 /// Parses an integer count from the first of `names` that is set and not blank; as in
@@ -299,6 +387,36 @@ mod tests {
             err.contains("TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES") && err.contains("2.5"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_issue_16_bounds_are_read_with_none_for_unbounded() {
+        let defaults = config_from(&[]).unwrap();
+        assert_eq!(defaults.heartbeat_timeout, Some(Duration::from_secs(5)));
+        assert_eq!(defaults.max_closure_retries, Some(3));
+        assert_eq!(defaults.connect_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(defaults.ping_interval(), Some(Duration::from_secs(1)));
+        assert_eq!(defaults.lease(), Some(Duration::from_millis(4500)));
+        let set = config_from(&[
+            ("JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC", "2.5"),
+            ("JAXCLUSTER_MAX_CLOSURE_RETRIES", "0"),
+            ("JAXCLUSTER_CONNECT_TIMEOUT_SEC", "None"),
+        ])
+        .unwrap();
+        assert_eq!(set.heartbeat_timeout, Some(Duration::from_millis(2500)));
+        assert_eq!(set.max_closure_retries, Some(0));
+        assert_eq!(set.connect_timeout, None);
+        for (name, bad) in [
+            ("JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC", "0"),
+            ("JAXCLUSTER_MAX_CLOSURE_RETRIES", "-1"),
+            ("JAXCLUSTER_CONNECT_TIMEOUT_SEC", "soon"),
+        ] {
+            let err = config_from(&[(name, bad)]).unwrap_err().to_string();
+            assert!(
+                err.contains(name) && err.contains(bad) && err.contains("'none'"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

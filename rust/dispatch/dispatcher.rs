@@ -1,8 +1,9 @@
 //! [`Dispatcher`]: the public face of the dispatcher and the state its links share.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -48,9 +49,45 @@ pub(crate) struct Shared {
     pub balance: Balance,
     /// Parameter-server failures reported by closures, counted per ps task.
     pub ps_failures: PsFailures,
+    /// When the dispatcher started (for `connect_timeout`).
+    pub started: Instant,
+    /// Whether any worker has ever answered.
+    pub reached: AtomicBool,
 }
 
 impl Shared {
+    /// The error of a cluster none of whose workers was reached within `connect_timeout`,
+    /// naming every worker and its last error; `None` while that is not the case.
+    pub fn unreachable(&self) -> Option<String> {
+        let limit = self.config.connect_timeout?;
+        if self.reached.load(Ordering::Acquire) || self.started.elapsed() < limit {
+            return None;
+        }
+        let workers: Vec<String> = self
+            .links
+            .iter()
+            .map(|link| {
+                let snapshot = link.snapshot();
+                let error = snapshot
+                    .last_error
+                    .unwrap_or_else(|| "no answer yet".to_owned());
+                let hint = super::link::hang_up_hint(&error)
+                    .map_or_else(String::new, |hint| format!(" ({hint})"));
+                format!(
+                    "worker {} at {}: {error}{hint}",
+                    snapshot.index, snapshot.address
+                )
+            })
+            .collect();
+        Some(format!(
+            "no worker of the cluster could be reached in the {:.0} s since the coordinator \
+             started (connect_timeout; pass connect_timeout=None to wait as long as TF \
+             does): {}",
+            limit.as_secs_f64(),
+            workers.join("; ")
+        ))
+    }
+
     /// Asks each worker in `holders` to drop resource `id` (as tagged work, so it is sent
     /// after anything queued for that worker before it).
     pub fn send_releases(&self, id: u64, holders: &[usize]) {
@@ -152,6 +189,8 @@ impl Dispatcher {
             links,
             stop: watch::Sender::new(false),
             given_up: watch::Sender::new(0),
+            started: Instant::now(),
+            reached: AtomicBool::new(false),
         });
         let dispatcher = Self {
             shared: Arc::clone(&shared),
@@ -188,10 +227,29 @@ impl Dispatcher {
         kind: FunctionKind,
         payload: Bytes,
     ) -> Result<(), DispatchError> {
-        self.shared
-            .functions
-            .register(hash, kind, payload)
-            .map(drop)
+        self.register_named_function(hash, kind, payload, "")
+    }
+
+    /// [`register_function`](Self::register_function), with the name errors call the
+    /// function by (e.g. its `__qualname__`; the first name given wins).
+    pub fn register_named_function(
+        &self,
+        hash: &[u8],
+        kind: FunctionKind,
+        payload: Bytes,
+        name: &str,
+    ) -> Result<(), DispatchError> {
+        let function = self.shared.functions.register(hash, kind, payload)?;
+        function.set_name(name);
+        Ok(())
+    }
+
+    /// `Unavailable` once no worker was reached within `connect_timeout`.
+    fn check_reachable(&self) -> Result<(), DispatchError> {
+        match self.shared.unreachable() {
+            Some(message) => Err(DispatchError::Unavailable(message)),
+            None => Ok(()),
+        }
     }
 
     /// Builds a closure of a registered function, not yet queued; its cell is
@@ -203,6 +261,7 @@ impl Dispatcher {
         resources: &[PerWorkerResource],
     ) -> Result<Closure, DispatchError> {
         let function = self.shared.functions.lookup(function_hash, "schedule()")?;
+        self.check_reachable()?;
         let mut inputs = Vec::with_capacity(resources.len());
         for resource in resources {
             if !std::ptr::eq(resource.inner.owner_ptr(), Arc::as_ptr(&self.shared)) {
@@ -229,6 +288,7 @@ impl Dispatcher {
             attempts: 0,
             timed_out_on: Vec::new(),
             infra_retries: 0,
+            deaths: Vec::new(),
             context: Arc::clone(&self.shared.cancel),
         })
     }
@@ -323,14 +383,18 @@ impl Dispatcher {
     /// the deadline passed, or the pending closure error.
     pub fn join(&self, policy: &mut WaitPolicy<'_>) -> Result<bool, DispatchError> {
         let waited = self.shared.queue.wait_with(policy);
-        self.raised(waited)
+        let joined = self.raised(waited)?;
+        self.check_reachable()?;
+        Ok(joined)
     }
 
     /// Whether nothing is queued or running; raises the pending closure error instead
     /// (waiting per `policy` for running closures to end first).
     pub fn done(&self, policy: &mut WaitPolicy<'_>) -> Result<bool, DispatchError> {
         let done = self.shared.queue.done_with(policy);
-        self.raised(done)
+        let done = self.raised(done)?;
+        self.check_reachable()?;
+        Ok(done)
     }
 
     /// Maps a queue result; a raised closure error is no longer pending, so links may

@@ -1,7 +1,7 @@
 //! Function payloads known to the dispatcher, by content hash, and what each link has sent.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock};
 
 use bytes::Bytes;
 
@@ -22,9 +22,23 @@ pub struct Function {
     hash_bytes: Bytes,
     kind: FunctionKind,
     payload: Bytes,
+    /// What the user calls it (e.g. its `__qualname__`), for messages; set once.
+    name: OnceLock<String>,
 }
 
 impl Function {
+    /// The name given at registration, if any.
+    pub fn name(&self) -> Option<&str> {
+        self.name.get().map(String::as_str)
+    }
+
+    /// Records the name (the first one given wins; identical payloads are one function).
+    pub(crate) fn set_name(&self, name: &str) {
+        if !name.is_empty() {
+            let _ = self.name.set(name.to_owned());
+        }
+    }
+
     /// The content hash.
     pub fn hash(&self) -> &FunctionHash {
         &self.hash
@@ -80,6 +94,7 @@ impl FunctionRegistry {
             hash_bytes: Bytes::copy_from_slice(&hash),
             kind,
             payload,
+            name: OnceLock::new(),
         });
         let mut functions = self
             .functions

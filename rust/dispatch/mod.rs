@@ -91,6 +91,18 @@
 //!   runs there once it is idle. With a `closure_timeout` there is no pipelining (an
 //!   execution's clock starts when it is sent, which is when it starts only on an idle
 //!   worker), and the link times it: the stream carries no deadline.
+//! - A closure whose worker died under it runs again at most `max_closure_retries` times
+//!   (default 3, as Ray's `max_retries`; `None` is TF's unbounded retry), then fails with
+//!   `WorkerCrashedError` naming each death (`deaths.rs`). A worker that dies between
+//!   closures costs no closure anything.
+//! - A worker running closures that sends nothing (not even a heartbeat) for
+//!   `heartbeat_timeout` (5 s) is declared failed; TF relies on its RPC layer, which here
+//!   would take the HTTP/2 keepalive's 35-40 s. Its queued closures run elsewhere and the
+//!   worker's lease on them has expired, so it never starts them (`worker/stream.rs`).
+//! - When no worker at all has answered `connect_timeout` (60 s) after the dispatcher
+//!   started, scheduling fails with `UnavailableError` naming every address and its last
+//!   error, instead of waiting out the recovery bound (TF's 3600 s) in silence; the links
+//!   keep trying, and the first worker to answer ends that state.
 //! - Closures travel on `RunClosures` streams only; unary `RunClosure` stays in the
 //!   protocol for other clients (e.g. `grpcio`), and for workers of protocol revision 1
 //!   (before `RunClosures`): the client emulates the stream over unary calls for them
@@ -105,6 +117,7 @@
 
 mod closure;
 pub mod config;
+pub(crate) mod deaths;
 mod dispatcher;
 pub mod failure;
 /// Built only for tests and benches (`cfg(test)`, or the `testing` feature that the
@@ -148,6 +161,10 @@ pub enum DispatchError {
     /// closure was cancelled and nothing is running any more.
     #[error("a closure failed: {0}")]
     ClosureFailed(Arc<ClosureFailure>),
+    /// No worker could be reached within `connect_timeout` of the dispatcher's start; the
+    /// message names every worker and its last error.
+    #[error("{0}")]
+    Unavailable(String),
     /// The dispatcher was shut down; a closure given to the failing call was cancelled.
     #[error("the dispatcher was shut down")]
     Stopped,

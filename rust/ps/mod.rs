@@ -171,9 +171,14 @@ impl PsServer {
             config.auth_token.as_deref(),
             Arc::clone(&shared.stats.unauthenticated),
         ));
-        let router = serve::server(config.tls.as_ref(), Some(MAX_FRAME_BYTES), &limits)
-            .map_err(|e| PsError::Config(e.to_string()))?
-            .add_service(InterceptedService::new(service, auth));
+        let router = serve::server(
+            config.tls.as_ref(),
+            Some(MAX_FRAME_BYTES),
+            &limits,
+            crate::rpc::limits::rewrite_ps_status,
+        )
+        .map_err(|e| PsError::Config(e.to_string()))?
+        .add_service(InterceptedService::new(service, auth));
         Ok(Self {
             serving: Serving::spawn(router, listener, &limits, Arc::clone(&shared.connections)),
             local_addr,

@@ -101,7 +101,7 @@ impl PsShared {
     fn sized<M: Message>(&self, message: M, what: &str) -> Result<Response<M>, Status> {
         let size = message.encoded_len();
         if size > self.max_message_bytes {
-            return Err(self.reject(too_large(what, size, self.max_message_bytes)));
+            return Err(self.reject(too_large("ps", what, size, self.max_message_bytes)));
         }
         Ok(Response::new(message))
     }

@@ -49,7 +49,8 @@ impl PyDispatcher {
     #[pyo3(signature = (
         addresses, *, auth_token = None, max_queue_size = 262_144,
         error_policy = "cancel_all", closure_timeout = None, recovery_timeout = None,
-        max_message_bytes = 67_108_864, tls_ca = None
+        max_message_bytes = 67_108_864, tls_ca = None, heartbeat_timeout = None,
+        max_closure_retries = None, connect_timeout = None
     ))]
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     fn new(
@@ -62,6 +63,9 @@ impl PyDispatcher {
         recovery_timeout: Option<f64>,
         max_message_bytes: usize,
         tls_ca: Option<Vec<u8>>,
+        heartbeat_timeout: Option<f64>,
+        max_closure_retries: Option<i64>,
+        connect_timeout: Option<f64>,
     ) -> PyResult<Self> {
         let tls = crate::rpc::tls::client_tls(tls_ca, None).map_err(PyValueError::new_err)?;
         let mut config = DispatcherConfig::from_env().map_err(|e| dispatch_error(py, e))?;
@@ -79,6 +83,17 @@ impl PyDispatcher {
         if let Some(recovery) = duration(recovery_timeout, "recovery_timeout")? {
             config.recovery_timeout = recovery;
         }
+        // None keeps the environment's value or the default; infinity (or a negative
+        // count) means no bound.
+        if let Some(timeout) = bound(heartbeat_timeout, "heartbeat_timeout")? {
+            config.heartbeat_timeout = timeout;
+        }
+        if let Some(timeout) = bound(connect_timeout, "connect_timeout")? {
+            config.connect_timeout = timeout;
+        }
+        if let Some(retries) = max_closure_retries {
+            config.max_closure_retries = u32::try_from(retries).ok();
+        }
         let clients = in_runtime(py, || {
             addresses
                 .iter()
@@ -95,16 +110,18 @@ impl PyDispatcher {
         Ok(Self { inner, addresses })
     }
 
+    #[pyo3(signature = (hash, kind, payload, name = ""))]
     fn register_function(
         &self,
         py: Python<'_>,
         hash: &[u8],
         kind: &str,
         payload: PyBackedBytes,
+        name: &str,
     ) -> PyResult<()> {
         let kind = parse_function_kind(kind).map_err(PyValueError::new_err)?;
         self.inner
-            .register_function(hash, kind, to_bytes(payload))
+            .register_named_function(hash, kind, to_bytes(payload), name)
             .map_err(|e| dispatch_error(py, e))
     }
 
@@ -338,4 +355,21 @@ fn deadline_after(timeout: Option<f64>, what: &str) -> PyResult<Option<Instant>>
     }
     let timeout = duration(timeout, &format!("{what}(): timeout"))?;
     Ok(timeout.and_then(|timeout| Instant::now().checked_add(timeout)))
+}
+
+/// A bound in seconds from Python: `None` keeps the configured value (`Ok(None)`),
+/// infinity means no bound (`Some(None)`), a positive number that many seconds.
+#[allow(clippy::option_option)]
+fn bound(seconds: Option<f64>, what: &str) -> PyResult<Option<Option<std::time::Duration>>> {
+    match seconds {
+        None => Ok(None),
+        Some(s) if s == f64::INFINITY => Ok(Some(None)),
+        Some(s) if s.is_finite() && s > 0.0 => {
+            Ok(Some(Some(std::time::Duration::from_secs_f64(s))))
+        }
+        Some(s) => Err(PyValueError::new_err(format!(
+            "{what}={s} is not valid; expected a positive number of seconds, or None for no \
+             bound"
+        ))),
+    }
 }

@@ -24,6 +24,7 @@ pub(super) fn dispatch_error(py: Python<'_>, error: DispatchError) -> PyErr {
         DispatchError::Interrupted => interrupted(None),
         DispatchError::Runtime(e) => PyRuntimeError::new_err(e.to_string()),
         DispatchError::Internal(message) => new_error(py, "InternalError", message),
+        DispatchError::Unavailable(message) => new_error(py, "UnavailableError", message),
     }
 }
 

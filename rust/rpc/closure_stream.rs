@@ -42,6 +42,25 @@ impl ClosureChannel {
     pub async fn next(&mut self) -> Option<Result<pb::RunClosuresResponse, RpcError>> {
         self.replies.next().await
     }
+
+    /// What [`next`](Self::next) would return if it did not have to wait; `None` if it
+    /// would wait. Must run inside the tokio runtime.
+    #[allow(clippy::option_option)] // "would wait" vs "the stream ended"
+    pub fn try_next(&mut self) -> Option<Option<Result<pb::RunClosuresResponse, RpcError>>> {
+        let waker = std::task::Waker::from(std::sync::Arc::new(NoWake));
+        let mut context = std::task::Context::from_waker(&waker);
+        match self.replies.as_mut().poll_next(&mut context) {
+            std::task::Poll::Ready(item) => Some(item),
+            std::task::Poll::Pending => None,
+        }
+    }
+}
+
+/// A waker for a poll that will not wait: the next real poll registers its own.
+struct NoWake;
+
+impl std::task::Wake for NoWake {
+    fn wake(self: std::sync::Arc<Self>) {}
 }
 
 impl std::fmt::Debug for ClosureChannel {

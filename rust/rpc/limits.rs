@@ -5,7 +5,7 @@
 //! `RESOURCE_EXHAUSTED`, so the server rewrites that status with [`size_status_layer`]
 //! before it leaves the process, and the client folds it in [`super::RpcError::from`].
 
-use tonic::codegen::http::{HeaderValue, Response};
+use tonic::codegen::http::Response;
 use tonic::{Code, Status};
 
 /// Default limit for one request or response: 64 MiB.
@@ -37,36 +37,69 @@ pub fn validate_max_message_bytes(limit: usize) -> Result<usize, String> {
     }
 }
 
-/// The error for a message of `size` bytes over `limit`, as both sides report it.
-pub fn too_large(what: &str, size: usize, limit: usize) -> Status {
+/// The error for a message of `size` bytes over `limit`, as both sides report it; `peer`
+/// is the kind of server whose flag sets the limit (`worker`, `ps`).
+pub fn too_large(peer: &str, what: &str, size: usize, limit: usize) -> Status {
     Status::resource_exhausted(format!(
         "{what} is {size} bytes, above the limit of {limit} bytes; raise max_message_bytes \
-         (worker: --max-message-bytes) on both sides or send smaller values"
+         ({peer}: --max-message-bytes) on both sides or send smaller values"
     ))
 }
 
+/// What tonic says about a request body that is not the protobuf message it should be.
+const DECODE_ERROR: &str = "failed to decode Protobuf message";
+
+/// `INVALID_ARGUMENT` for tonic's `INTERNAL` "failed to decode Protobuf message": the
+/// request was malformed, which is the client's to fix, not a server bug. `None` for any
+/// other status.
+pub fn malformed(status: &Status) -> Option<Status> {
+    (status.code() == Code::Internal && status.message().starts_with(DECODE_ERROR)).then(|| {
+        Status::invalid_argument(format!(
+            "the request is not a valid protobuf message of the expected type: {}",
+            status.message()
+        ))
+    })
+}
+
 /// Rewrites a trailers-only `OUT_OF_RANGE` response (tonic's oversized-request error) to
-/// `RESOURCE_EXHAUSTED`, keeping tonic's message, which names the sizes.
-pub fn rewrite_size_status<B>(mut response: Response<B>) -> Response<B> {
+/// `RESOURCE_EXHAUSTED`, keeping tonic's message, which names the sizes, and an `INTERNAL`
+/// decode error to `INVALID_ARGUMENT` ([`malformed`]); `peer` names the server.
+fn rewrite_status<B>(mut response: Response<B>, peer: &str) -> Response<B> {
     let headers = response.headers_mut();
-    let out_of_range = HeaderValue::from(Code::OutOfRange as i32);
-    if headers.get("grpc-status") == Some(&out_of_range) {
-        if let Some(status) = Status::from_header_map(headers) {
-            let rewritten = Status::resource_exhausted(format!(
-                "request rejected by the worker's size limit: {}",
+    let rewritten = match Status::from_header_map(headers) {
+        Some(status) if status.code() == Code::OutOfRange => {
+            Some(Status::resource_exhausted(format!(
+                "request rejected by the {peer}'s size limit: {}",
                 status.message()
-            ));
-            // Only fails for a header value that cannot be encoded, which our ASCII message
-            // never is; keeping the original status is the safe fallback.
-            let _ = rewritten.add_header(headers);
+            )))
         }
+        Some(status) => malformed(&status),
+        None => None,
+    };
+    if let Some(rewritten) = rewritten {
+        // Only fails for a header value that cannot be encoded, which our ASCII message
+        // never is; keeping the original status is the safe fallback.
+        let _ = rewritten.add_header(headers);
     }
     response
 }
 
-/// A tower layer applying [`rewrite_size_status`] to every response of a server.
-pub fn size_status_layer<B>() -> tower::util::MapResponseLayer<fn(Response<B>) -> Response<B>> {
-    tower::util::MapResponseLayer::new(rewrite_size_status::<B> as fn(Response<B>) -> Response<B>)
+/// [`rewrite_status`] for a worker's responses.
+pub fn rewrite_worker_status<B>(response: Response<B>) -> Response<B> {
+    rewrite_status(response, "worker")
+}
+
+/// [`rewrite_status`] for a parameter server's responses.
+pub fn rewrite_ps_status<B>(response: Response<B>) -> Response<B> {
+    rewrite_status(response, "ps")
+}
+
+/// A tower layer applying `rewrite` (e.g. [`rewrite_worker_status`]) to every response of a
+/// server.
+pub fn status_layer<B>(
+    rewrite: fn(Response<B>) -> Response<B>,
+) -> tower::util::MapResponseLayer<fn(Response<B>) -> Response<B>> {
+    tower::util::MapResponseLayer::new(rewrite)
 }
 
 #[cfg(test)]
@@ -87,21 +120,55 @@ mod tests {
     #[test]
     fn out_of_range_responses_are_rewritten_and_others_kept() {
         let response: Response<()> = Status::out_of_range("length too large: found 9").into_http();
-        let rewritten = rewrite_size_status(response);
+        let rewritten = rewrite_worker_status(response);
         let status = Status::from_header_map(rewritten.headers()).unwrap();
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert!(status.message().contains("found 9"), "{}", status.message());
+        assert!(
+            status.message().contains("worker's"),
+            "{}",
+            status.message()
+        );
+
+        let response: Response<()> = Status::out_of_range("found 9").into_http();
+        let status = Status::from_header_map(rewrite_ps_status(response).headers()).unwrap();
+        assert!(
+            status.message().contains("the ps's size limit"),
+            "{}",
+            status.message()
+        );
 
         let response: Response<()> = Status::not_found("nope").into_http();
-        let kept = rewrite_size_status(response);
+        let kept = rewrite_worker_status(response);
         let status = Status::from_header_map(kept.headers()).unwrap();
         assert_eq!(status.code(), Code::NotFound);
     }
 
     #[test]
-    fn too_large_names_sizes() {
-        let s = too_large("result", 10, 5);
+    fn too_large_names_sizes_and_the_server() {
+        let s = too_large("ps", "result", 10, 5);
         assert_eq!(s.code(), Code::ResourceExhausted);
         assert!(s.message().contains("10 bytes") && s.message().contains("5 bytes"));
+        assert!(
+            s.message().contains("(ps: --max-message-bytes)"),
+            "{}",
+            s.message()
+        );
+    }
+
+    #[test]
+    fn decode_errors_become_invalid_argument_and_nothing_else_does() {
+        let response: Response<()> =
+            Status::internal("failed to decode Protobuf message: invalid wire type").into_http();
+        let status = Status::from_header_map(rewrite_worker_status(response).headers()).unwrap();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(
+            status.message().contains("invalid wire type"),
+            "{}",
+            status.message()
+        );
+        let response: Response<()> = Status::internal("executor bug").into_http();
+        let status = Status::from_header_map(rewrite_worker_status(response).headers()).unwrap();
+        assert_eq!(status.code(), Code::Internal);
     }
 }

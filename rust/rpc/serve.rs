@@ -21,7 +21,7 @@ use tower::util::MapResponseLayer;
 use super::connections::{
     effective_max_connections, raise_file_limit, ConnectionStats, Incoming, ServerLimits,
 };
-use super::limits::{size_status_layer, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES};
+use super::limits::{status_layer, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES};
 use super::tls::{ServerTls, TlsError};
 
 /// The layers every server runs its services under (see [`server`]).
@@ -81,11 +81,13 @@ const KEEPALIVE: (Duration, Duration) = (Duration::from_secs(60), Duration::from
 
 /// A server builder with TLS when given, the shared flow-control windows, HTTP/2 frames of
 /// up to `max_frame_bytes` (`None`: the default), at most `limits.max_streams_per_connection`
-/// concurrent calls per connection, keepalive, and the layer that words size refusals.
+/// concurrent calls per connection, keepalive, and the layer `rewrite` that words size
+/// refusals and malformed requests (`limits.rs`).
 pub fn server(
     tls: Option<&ServerTls>,
     max_frame_bytes: Option<u32>,
     limits: &ServerLimits,
+    rewrite: fn(Response<Body>) -> Response<Body>,
 ) -> Result<Server<Layers>, TlsError> {
     Ok(super::tls::server_builder(tls)?
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
@@ -95,7 +97,7 @@ pub fn server(
         .http2_max_header_list_size(MAX_HEADER_LIST_BYTES)
         .http2_keepalive_interval(Some(KEEPALIVE.0))
         .http2_keepalive_timeout(Some(KEEPALIVE.1))
-        .layer(size_status_layer::<Body>()))
+        .layer(status_layer::<Body>(rewrite)))
 }
 
 /// The serving task of a server and the switch that stops it. Dropping it stops serving

@@ -179,9 +179,14 @@ impl WorkerServer {
             config.auth_token.as_deref(),
             Arc::clone(&counters.unauthenticated),
         );
-        let router = serve::server(config.tls.as_ref(), None, &limits)
-            .map_err(|e| WorkerError::Config(e.to_string()))?
-            .add_service(InterceptedService::new(service, auth));
+        let router = serve::server(
+            config.tls.as_ref(),
+            None,
+            &limits,
+            crate::rpc::limits::rewrite_worker_status,
+        )
+        .map_err(|e| WorkerError::Config(e.to_string()))?
+        .add_service(InterceptedService::new(service, auth));
         Ok(Self {
             serving: Serving::spawn(router, listener, &limits, connections),
             local_addr,

@@ -9,13 +9,15 @@
 //! queues closures: the queue keeps the stream's halted state (`halt_on_error`) from then
 //! until the reader stops.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tonic::{Status, Streaming};
 
 use super::jobs::JobQueue;
 use super::state::WorkerState;
-use super::stream::{reply_channel, ClosureStream, Lease, Replies, ReplySender};
+use super::stream::{reply_channel, ClosureStream, Lease, Outgoing, Replies, ReplySender};
+use crate::rpc::limits::malformed;
 use crate::rpc::pb;
 
 /// Starts serving one `RunClosures` call: spawns the task that queues the requests and
@@ -43,8 +45,16 @@ async fn read_requests(
         message = incoming.message() => message,
         () = state.queue.drained() => return,
     };
-    let Ok(Some(first)) = first else {
-        return;
+    let first = match first {
+        Ok(Some(first)) => first,
+        Ok(None) => return,
+        Err(status) => {
+            if let Some(invalid) = malformed(&status) {
+                state.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                let _ = sender.send(Outgoing::End(invalid));
+            }
+            return;
+        }
     };
     lease.start(first.lease_ms);
     let stream = Arc::new(ClosureStream::new(
@@ -81,10 +91,16 @@ async fn read_stream(
             Ok(Some(request)) => queue_message(state, stream, request),
             // A clean half-close: what is queued still runs and is answered.
             Ok(None) => return,
-            Err(_) => {
+            Err(status) => {
                 state
                     .queue
                     .hand_back_stream(stream, "the client cancelled the stream");
+                if let Some(invalid) = malformed(&status) {
+                    // A message that does not decode: say so, rather than end as if the
+                    // client had gone away.
+                    state.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                    stream.end_with(invalid);
+                }
                 return;
             }
         }

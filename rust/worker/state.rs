@@ -169,7 +169,7 @@ impl WorkerState {
         if size > self.max_message_bytes {
             return Err(self
                 .stats
-                .reject(too_large(what, size, self.max_message_bytes)));
+                .reject(too_large("worker", what, size, self.max_message_bytes)));
         }
         Ok(())
     }

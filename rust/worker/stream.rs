@@ -58,6 +58,8 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 pub(super) enum Outgoing {
     Reply(pb::ClosureReply),
     Heartbeat,
+    /// End the response with this error (e.g. a request that was not a valid message).
+    End(Status),
 }
 
 /// The sending half of a stream's answer channel, kept by its [`ClosureStream`].
@@ -74,6 +76,8 @@ pub(super) fn reply_channel(max_message_bytes: usize) -> (ReplySender, Arc<Lease
         held: None,
         max_message_bytes,
         lease: Arc::clone(&lease),
+        end: None,
+        ended: false,
     };
     (sender, lease, replies)
 }
@@ -205,6 +209,11 @@ impl ClosureStream {
         let _ = self.replies.send(Outgoing::Heartbeat);
     }
 
+    /// Ends the response with `status` once what was answered before has gone out.
+    pub(super) fn end_with(&self, status: Status) {
+        let _ = self.replies.send(Outgoing::End(status));
+    }
+
     /// The stream's id, unique in the process: the job queue keys its halted set by it.
     pub(super) fn id(&self) -> u64 {
         self.id
@@ -252,6 +261,7 @@ impl ClosureStream {
         let size = reply.encoded_len() + REPLY_FRAMING;
         if size > self.max_message_bytes {
             return Err(too_large(
+                "worker",
                 "the closure's result",
                 size,
                 self.max_message_bytes,
@@ -304,6 +314,10 @@ pub struct Replies {
     held: Option<pb::ClosureReply>,
     max_message_bytes: usize,
     lease: Arc<Lease>,
+    /// An error to end the response with, after the message being sent.
+    end: Option<Status>,
+    /// An error ended the response.
+    ended: bool,
 }
 
 /// Room left in a message for the heartbeat fields.
@@ -313,6 +327,13 @@ impl Stream for Replies {
     type Item = Result<pb::RunClosuresResponse, Status>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        if let Some(status) = self.end.take() {
+            self.ended = true;
+            return Poll::Ready(Some(Err(status)));
+        }
         let mut replies = Vec::new();
         if let Some(reply) = self.held.take() {
             replies.push(reply);
@@ -320,6 +341,10 @@ impl Stream for Replies {
             match self.receiver.poll_recv(cx) {
                 Poll::Ready(Some(Outgoing::Reply(reply))) => replies.push(reply),
                 Poll::Ready(Some(Outgoing::Heartbeat)) => {}
+                Poll::Ready(Some(Outgoing::End(status))) => {
+                    self.ended = true;
+                    return Poll::Ready(Some(Err(status)));
+                }
                 Poll::Ready(None) => return Poll::Ready(None),
                 Poll::Pending => return Poll::Pending,
             }
@@ -333,6 +358,11 @@ impl Stream for Replies {
             let reply = match self.receiver.try_recv() {
                 Ok(Outgoing::Reply(reply)) => reply,
                 Ok(Outgoing::Heartbeat) => continue,
+                Ok(Outgoing::End(status)) => {
+                    // Sent after what is in this message.
+                    self.end = Some(status);
+                    break;
+                }
                 Err(_) => break,
             };
             let more = reply.encoded_len() + REPLY_FRAMING;

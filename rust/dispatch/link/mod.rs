@@ -14,12 +14,15 @@
 //!   pipelining stays work-conserving, with the memory-ordering argument.
 //! - `recovery.rs`: the state machine off the happy path (worker failed, probing with
 //!   backoff, rebuilding, giving up).
+//! - `liveness.rs`: heartbeats, deaths charged to closures and their post-mortem, and
+//!   failing what is scheduled while no worker was ever reached.
 //!
 //! Per-worker resource work (builds, releases) is served only when nothing is
 //! outstanding, one item at a time, as before pipelining.
 
 pub(crate) mod balance;
 mod execute;
+mod liveness;
 mod pipeline;
 mod recovery;
 
@@ -32,6 +35,7 @@ use tokio::sync::watch;
 
 use super::closure::{Closure, Work};
 use super::config::ErrorPolicy;
+use super::deaths::Death;
 use super::failure::ClosureFailure;
 use super::functions::SentFunctions;
 use super::metrics::Counters;
@@ -42,6 +46,7 @@ use super::{LinkState, Shared};
 use crate::queue::Tag;
 use execute::Verdict;
 use pipeline::Pipeline;
+pub(crate) use recovery::hang_up_hint;
 use recovery::Recovery;
 
 /// Bound on a `ReleaseResource` call; a worker that does not answer loses nothing by it.
@@ -76,6 +81,14 @@ pub(crate) struct Link<T> {
     pipeline: Pipeline,
     /// Work taken while closures were outstanding that must wait until none is.
     held: Option<Work>,
+    /// The worker answers heartbeats (protocol revision 4 or later, from `GetStatus`).
+    heartbeats: bool,
+    /// The worker's last `GetStatus.previous_exit`.
+    previous_exit: String,
+    /// Deaths of this worker under a closure, not yet explained (see `liveness.rs`).
+    postmortems: Vec<Arc<Death>>,
+    /// Closures that used up `max_closure_retries`, waiting for their post-mortem.
+    doomed: Vec<Closure>,
 }
 
 impl<T: WorkerTransport> Link<T> {
@@ -94,6 +107,10 @@ impl<T: WorkerTransport> Link<T> {
             recovering_since: Instant::now(),
             pipeline: Pipeline::default(),
             held: None,
+            heartbeats: false,
+            previous_exit: String::new(),
+            postmortems: Vec::new(),
+            doomed: Vec::new(),
         }
     }
 

@@ -36,7 +36,7 @@
 //! guarantees), and the link times the one closure outstanding itself.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use prost::Message;
 
@@ -44,6 +44,7 @@ use super::execute::Verdict;
 use super::{run_on, Link};
 use crate::dispatch::closure::{Closure, Work};
 use crate::dispatch::config::ErrorPolicy;
+use crate::dispatch::deaths;
 use crate::dispatch::failure::ClosureFailure;
 use crate::dispatch::resources::ResourceState;
 use crate::dispatch::result_cell::EncodedValue;
@@ -68,7 +69,7 @@ pub(super) struct Sent {
 /// The stream and what is outstanding on it.
 #[derive(Default)]
 pub(super) struct Pipeline {
-    channel: Option<ClosureChannel>,
+    pub channel: Option<ClosureChannel>,
     /// In the order sent.
     pub outstanding: VecDeque<Sent>,
     /// The worker halted the stream after an error: the next message carries `resume`.
@@ -76,6 +77,14 @@ pub(super) struct Pipeline {
     /// The worker refused a closure with `UNAVAILABLE` (it is shutting down): send nothing
     /// more, collect the answers still due, then recover.
     going_away: Option<String>,
+    /// When the worker was last heard from (or closures were sent to an idle worker).
+    pub last_heard: Option<Instant>,
+    /// When the link last pinged.
+    pub last_ping: Option<Instant>,
+    /// The highest heartbeat received, echoed in `heartbeat_ack`.
+    pub ack: u64,
+    /// The closure the worker's last message said it was running (0: none).
+    pub running: u64,
 }
 
 /// What ended a wait for answers.
@@ -83,6 +92,10 @@ enum Event {
     Answers(Option<Result<pb::RunClosuresResponse, RpcError>>),
     Reclaim,
     TimedOut,
+    /// Time to ping the worker.
+    Ping,
+    /// The worker sent nothing for the heartbeat timeout.
+    Silent(Duration),
 }
 
 impl<T: WorkerTransport> Link<T> {
@@ -104,9 +117,16 @@ impl<T: WorkerTransport> Link<T> {
         self.shared.balance.publish(self.index, count);
     }
 
-    /// Whether a busy link may send another closure now.
+    /// Whether a busy link may send another closure now: not while a closure whose worker
+    /// died under it before is outstanding (it runs alone, see `deaths.rs`).
     fn may_pipeline(&self) -> bool {
-        self.pipeline.going_away.is_none() && self.shared.balance.may_pipeline()
+        self.pipeline.going_away.is_none()
+            && !self
+                .pipeline
+                .outstanding
+                .iter()
+                .any(|sent| sent.closure.runs_alone())
+            && self.shared.balance.may_pipeline()
     }
 
     /// Takes work as an idle link: without waiting if some is queued, else after asking
@@ -140,12 +160,18 @@ impl<T: WorkerTransport> Link<T> {
         let capacity = self.capacity();
         while self.held.is_none()
             && self.pipeline.outstanding.len() + batch.len() < capacity
+            && !batch.iter().any(Closure::runs_alone)
             && self.may_pipeline()
         {
             let Ok(work) = self.shared.queue.try_get(Some(self.tag())) else {
                 break;
             };
             let closure = match work {
+                Work::Closure(closure) if closure.runs_alone() => {
+                    // It runs alone, on an idle worker: leave it to one.
+                    self.requeue(closure);
+                    break;
+                }
                 Work::Closure(closure) if self.inputs_ready_here(&closure) => closure,
                 Work::Closure(closure) => {
                     // A per-worker input must be built here first, behind what is running:
@@ -202,6 +228,10 @@ impl<T: WorkerTransport> Link<T> {
     /// [`send`](Self::send); `registered_again` marks closures retried after their
     /// function was registered again.
     fn send_closures(&mut self, closures: Vec<Closure>, registered_again: bool) {
+        let was_idle = self.pipeline.outstanding.is_empty();
+        if was_idle {
+            self.check_idle_stream();
+        }
         let limit = self.transport.max_message_bytes();
         let mut messages: Vec<pb::RunClosuresRequest> = Vec::new();
         let mut size = limit; // forces a first message
@@ -209,7 +239,7 @@ impl<T: WorkerTransport> Link<T> {
             let request = closure.request();
             let needed = request.encoded_len() + REQUEST_FRAMING;
             if needed > limit {
-                let status = too_large("the closure's request", needed, limit);
+                let status = too_large("worker", "the closure's request", needed, limit);
                 let error = RpcError::from(status);
                 let failure = ClosureFailure::from_rpc(&error, self.address());
                 self.finish(closure, Err(failure));
@@ -231,8 +261,15 @@ impl<T: WorkerTransport> Link<T> {
             });
         }
         self.publish(0);
+        if was_idle && !messages.is_empty() {
+            // The worker had nothing to say while idle: its silence counts from now.
+            let now = Instant::now();
+            self.pipeline.last_heard = Some(now);
+            self.pipeline.last_ping = Some(now);
+        }
         for mut message in messages {
             message.resume = std::mem::take(&mut self.pipeline.resume);
+            message.heartbeat_ack = self.pipeline.ack;
             if let Some(channel) = &self.pipeline.channel {
                 // A closed channel means the stream ended; the next wait for answers sees
                 // that and puts the outstanding closures back.
@@ -240,8 +277,33 @@ impl<T: WorkerTransport> Link<T> {
                 continue;
             }
             message.halt_on_error = self.shared.config.error_policy == ErrorPolicy::CancelAll;
+            message.lease_ms = self.lease_ms();
             if !self.open(message) {
                 return;
+            }
+        }
+    }
+
+    /// Before sending to a worker that was idle: reads what its stream delivered
+    /// meanwhile (late heartbeats), and drops a stream that ended, so a worker that died
+    /// while idle costs the closures about to be sent nothing (a new stream is opened, and
+    /// fails to open if the worker is gone).
+    fn check_idle_stream(&mut self) {
+        let runtime = self.runtime.clone();
+        let _inside = runtime.enter();
+        loop {
+            let Some(channel) = self.pipeline.channel.as_mut() else {
+                return;
+            };
+            match channel.try_next() {
+                None => return,
+                Some(Some(Ok(response))) => self.heard(&response),
+                Some(Some(Err(_)) | None) => {
+                    self.pipeline.channel = None;
+                    self.pipeline.resume = false;
+                    self.pipeline.ack = 0;
+                    return;
+                }
             }
         }
     }
@@ -256,10 +318,13 @@ impl<T: WorkerTransport> Link<T> {
         match opened {
             Ok(channel) => {
                 self.pipeline.channel = Some(channel);
+                self.pipeline.ack = 0;
+                self.pipeline.running = 0;
                 true
             }
             Err(error) => {
-                self.stream_failed(&error);
+                // Refused or unreachable before anything was queued: no closure ran.
+                self.stream_failed(&error, false);
                 false
             }
         }
@@ -274,6 +339,15 @@ impl<T: WorkerTransport> Link<T> {
                 .front()
                 .map(|sent| sent.since + limit)
         });
+        let heartbeat = self.heartbeat_timeout();
+        let now = Instant::now();
+        let silent_at = heartbeat.map(|timeout| self.pipeline.last_heard.unwrap_or(now) + timeout);
+        let ping_at = self
+            .shared
+            .config
+            .ping_interval()
+            .filter(|_| heartbeat.is_some())
+            .map(|every| self.pipeline.last_ping.unwrap_or(now) + every);
         let Some(channel) = self.pipeline.channel.as_mut() else {
             // Only reachable if opening failed without settling; put everything back.
             self.abandon();
@@ -286,11 +360,16 @@ impl<T: WorkerTransport> Link<T> {
                 answers = channel.next() => Event::Answers(answers),
                 () = reclaim => Event::Reclaim,
                 () = sleep_until(deadline) => Event::TimedOut,
+                () = sleep_until(silent_at) => Event::Silent(heartbeat.unwrap_or_default()),
+                () = sleep_until(ping_at) => Event::Ping,
             }
         });
         match event {
             None => self.abandon(),
+            Some(Event::Ping) => self.ping(),
+            Some(Event::Silent(timeout)) => self.fell_silent(timeout),
             Some(Event::Answers(Some(Ok(response)))) => {
+                self.heard(&response);
                 for reply in response.replies {
                     self.on_reply(reply);
                 }
@@ -304,13 +383,13 @@ impl<T: WorkerTransport> Link<T> {
                     self.top_up();
                 }
             }
-            Some(Event::Answers(Some(Err(error)))) => self.stream_failed(&error),
+            Some(Event::Answers(Some(Err(error)))) => self.stream_failed(&error, true),
             Some(Event::Answers(None)) => {
                 let error = RpcError::Unavailable(format!(
                     "worker {} ended the RunClosures stream with closures outstanding",
                     self.address()
                 ));
-                self.stream_failed(&error);
+                self.stream_failed(&error, true);
             }
             Some(Event::Reclaim) => self.reclaim(),
             Some(Event::TimedOut) => {
@@ -423,15 +502,18 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// The stream failed: the worker is gone (everything outstanding goes back to the
-    /// queue), or it refused the call (everything outstanding fails with that error).
-    pub(super) fn stream_failed(&mut self, error: &RpcError) {
+    /// queue; with `charge`, the death counts against the closure it was running), or it
+    /// refused the call (everything outstanding fails with that error).
+    pub(super) fn stream_failed(&mut self, error: &RpcError, charge: bool) {
         self.pipeline.channel = None;
         self.pipeline.resume = false;
         if self.pipeline.outstanding.is_empty() {
             return;
         }
+        let pid = self.incarnation;
         if self.is_worker_failure(error) {
-            self.worker_failed(error.message());
+            let reason = format!("its RunClosures stream broke: {}", error.message());
+            self.worker_died(&reason, charge, pid);
             return;
         }
         let failure = ClosureFailure::from_rpc(error, self.address());
@@ -444,8 +526,14 @@ impl<T: WorkerTransport> Link<T> {
     /// Puts every closure outstanding or held back in the queue and drops the stream (the
     /// worker is gone).
     pub(super) fn forget_pipeline(&mut self) {
+        let limit = self.shared.config.max_closure_retries;
         for sent in std::mem::take(&mut self.pipeline.outstanding) {
-            self.put_back(sent.closure);
+            if deaths::exhausted(&sent.closure, limit) {
+                // Failed once its post-mortem is in (`liveness.rs`).
+                self.doomed.push(sent.closure);
+            } else {
+                self.put_back(sent.closure);
+            }
         }
         self.publish(0);
         if let Some(Work::Closure(closure)) = self.held.take() {
@@ -459,6 +547,9 @@ impl<T: WorkerTransport> Link<T> {
     pub(super) fn abandon(&mut self) {
         for sent in std::mem::take(&mut self.pipeline.outstanding) {
             self.put_back(sent.closure);
+        }
+        for closure in std::mem::take(&mut self.doomed) {
+            self.put_back(closure);
         }
         self.publish(0);
         match self.held.take() {

@@ -3,6 +3,7 @@
 //! recreated) or the recovery bound passes (given up); and once every link has given up,
 //! whatever is scheduled fails instead of waiting forever.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use super::{Interruption, Link};
@@ -66,6 +67,7 @@ impl<T: WorkerTransport> Link<T> {
         loop {
             let elapsed = self.recovering_since.elapsed();
             if elapsed >= bound {
+                self.settle_doomed(true);
                 self.give_up(bound);
                 return Recovery::GaveUp;
             }
@@ -75,9 +77,12 @@ impl<T: WorkerTransport> Link<T> {
                 return Recovery::Stopped;
             };
             let rebuilt = match answer {
-                Ok(status) if status.state == pb::ServingState::Draining as i32 => Err(
-                    Interruption::WorkerFailed("the worker is shutting down".to_owned()),
-                ),
+                Ok(status) if status.state == pb::ServingState::Draining as i32 => {
+                    self.explain_deaths(&status);
+                    Err(Interruption::WorkerFailed(
+                        "the worker is shutting down".to_owned(),
+                    ))
+                }
                 Ok(status) => {
                     self.observe(status);
                     self.reconnected()
@@ -87,18 +92,37 @@ impl<T: WorkerTransport> Link<T> {
             };
             match rebuilt {
                 Ok(()) => {
+                    self.shared.reached.store(true, Ordering::Release);
+                    self.settle_doomed(true);
                     self.shared.links[self.index].set(LinkState::Up, None);
                     return Recovery::Up;
                 }
                 Err(Interruption::Stopped) => return Recovery::Stopped,
                 Err(Interruption::WorkerFailed(reason)) => {
+                    if self.shared.links[self.index].last_error().is_none() {
+                        tracing::warn!(
+                            target: "jaxcluster.dispatch",
+                            worker = self.address(),
+                            "worker {} does not answer: {reason}",
+                            self.address()
+                        );
+                    }
                     self.shared.links[self.index].note_error(reason);
                 }
             }
-            let pause = backoff
+            self.settle_doomed(false);
+            let mut pause = backoff
                 .next_delay()
                 .min(bound.saturating_sub(self.recovering_since.elapsed()));
-            if !self.sleep(pause) {
+            if let Some(due) = self.doomed_due() {
+                pause = pause.min(due);
+            }
+            let slept = match self.shared.unreachable() {
+                // Nothing was ever reachable: fail what is scheduled meanwhile, at once.
+                Some(message) => self.fail_arrivals(&message, pause),
+                None => self.sleep(pause),
+            };
+            if !slept {
                 return Recovery::Stopped;
             }
         }
@@ -180,7 +204,10 @@ impl<T: WorkerTransport> Link<T> {
     /// process than the previous one (the worker restarted and lost its state).
     pub(super) fn observe(&mut self, status: pb::GetStatusResponse) -> bool {
         let restarted = self.incarnation.is_some_and(|pid| pid != status.pid);
+        self.explain_deaths(&status);
         self.incarnation = Some(status.pid);
+        self.heartbeats = status.protocol_revision >= 4;
+        self.previous_exit.clone_from(&status.previous_exit);
         self.shared.links[self.index].record_status(status);
         restarted
     }
@@ -217,7 +244,7 @@ impl<T: WorkerTransport> Link<T> {
 /// recovery bound is not a crashed worker (that refuses connections): it is most often a
 /// TLS/plaintext mismatch, whose raw error ("broken pipe", "connection reset", "connection
 /// closed") depends on which side noticed first and names neither TLS nor the fix.
-fn hang_up_hint(error: &str) -> Option<&'static str> {
+pub(crate) fn hang_up_hint(error: &str) -> Option<&'static str> {
     let hung_up = [
         "broken pipe",
         "connection reset",
