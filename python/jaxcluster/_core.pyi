@@ -148,13 +148,25 @@ class WorkerServer:
         platform: str = ...,
         tls_cert: bytes | None = None,
         tls_key: bytes | None = None,
+        max_connections: int = 4096,
+        max_streams_per_connection: int = 128,
+        handshake_timeout: float = 5.0,
+        max_function_bytes: int = 1073741824,
+        previous_exit: str = "",
     ) -> Self:
         """Binds ``address`` (port 0 picks a free port) and starts serving.
 
         Raises ``ValueError`` for a bad setting, including a non-loopback address without
         ``auth_token``, and ``OSError`` when the address cannot be bound. ``devices`` are
         ``(tf_name, device_type)`` pairs reported by ``ListDevices``; ``max_message_bytes``
-        defaults to 64 MiB.
+        defaults to 64 MiB. At most ``max_connections`` connections are open at once (fewer
+        if the open-file limit, first raised to its hard limit, leaves less room; a new one
+        over the bound closes the oldest one that has not authenticated), each with at most
+        ``max_streams_per_connection`` concurrent calls; a connection that sends no
+        authenticated request within ``handshake_timeout`` seconds is closed. Registered
+        function payloads are kept up to ``max_function_bytes`` (least recently used
+        evicted first). ``previous_exit`` is reported by ``GetStatus``: how the previous
+        worker process on this address ended, if its launcher said.
         """
 
     @property
@@ -586,8 +598,15 @@ class Dispatcher:
         recovery_timeout: float | None = None,
         max_message_bytes: int = 67108864,
         tls_ca: bytes | None = None,
+        heartbeat_timeout: float | None = None,
+        max_closure_retries: int | None = None,
+        connect_timeout: float | None = None,
     ) -> Self:
-        """``max_queue_size <= 0`` means unbounded. ``error_policy='cancel_all'`` (TF's)
+        """``heartbeat_timeout``, ``max_closure_retries`` and ``connect_timeout``: ``None``
+        keeps the environment's value (``JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC``,
+        ``JAXCLUSTER_MAX_CLOSURE_RETRIES``, ``JAXCLUSTER_CONNECT_TIMEOUT_SEC``) or the
+        default (5 s, 3, 60 s); ``float('inf')`` (a negative count) means no bound.
+        ``max_queue_size <= 0`` means unbounded. ``error_policy='cancel_all'`` (TF's)
         raises the first closure error from the next :meth:`schedule`, :meth:`join` or
         :meth:`done`, cancelling every queued closure; ``'per_closure'`` keeps each error
         on its own :class:`ResultCell`. ``closure_timeout`` (seconds) bounds one execution:
@@ -596,10 +615,13 @@ class Dispatcher:
         until it reports idle. Raises ``ValueError`` for a bad argument or environment
         variable and ``InvalidArgumentError`` for an address that is not ``HOST:PORT``."""
 
-    def register_function(self, hash: bytes, kind: _FunctionKind, payload: bytes) -> None:
+    def register_function(
+        self, hash: bytes, kind: _FunctionKind, payload: bytes, name: str = ""
+    ) -> None:
         """Registers a function payload under ``hash``, its 32-byte SHA-256 (checked);
         ``ValueError`` for an unknown ``kind``. Each worker is sent the payload the first
-        time a closure there needs it, and again after it restarts. Idempotent."""
+        time a closure there needs it, and again after it restarts. Idempotent. ``name``
+        (e.g. the function's ``__qualname__``) is how errors call it; the first wins."""
 
     def schedule(
         self,
@@ -723,11 +745,16 @@ class PsServer:
         max_message_bytes: int = ...,
         tls_cert: bytes | None = None,
         tls_key: bytes | None = None,
+        max_connections: int = 4096,
+        max_streams_per_connection: int = 128,
+        handshake_timeout: float = 5.0,
     ) -> Self:
         """Binds ``address`` (port 0 picks a free port) and starts serving. Raises
         ``ValueError`` for a bad setting, including a non-loopback address without
         ``auth_token`` or a negative ``index``, and ``OSError`` when the address cannot be
-        bound. ``max_message_bytes`` defaults to 64 MiB."""
+        bound. ``max_message_bytes`` defaults to 64 MiB; ``max_connections``,
+        ``max_streams_per_connection`` and ``handshake_timeout`` bound connections as for
+        :class:`WorkerServer`."""
 
     @property
     def address(self) -> str:

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jaxcluster import errors
+from jaxcluster._task_process import PREVIOUS_EXIT_ENV
 
 __all__ = ["TaskGroup", "TaskProcess"]
 
@@ -220,9 +221,14 @@ class TaskGroup:
             )
         return self._processes[index]
 
-    def _spawn(self, index: int) -> None:
+    def _spawn(self, index: int, previous_exit: int | None = None) -> None:
+        # A task started again learns how its predecessor ended (the worker reports it in
+        # GetStatus, so a coordinator can say how the workers under a closure died).
+        env = {k: v for k, v in self._env.items() if k != PREVIOUS_EXIT_ENV}
+        if previous_exit is not None:
+            env[PREVIOUS_EXIT_ENV] = str(previous_exit)
         self._processes[index] = TaskProcess(
-            self.job, index, self._addresses[index], self._env, self._extra
+            self.job, index, self._addresses[index], env, self._extra
         )
 
     def _await_ready(self, index: int, deadline: float) -> None:
@@ -259,7 +265,8 @@ class TaskGroup:
         """Starts task ``index`` again on its old address (killing it first if alive) and
         waits up to ``timeout`` seconds until it answers ``GetStatus``."""
         self.kill(index)
-        self._spawn(index)
+        previous = self._processes[index]
+        self._spawn(index, None if previous is None else previous.popen.returncode)
         try:
             self._await_ready(index, time.monotonic() + timeout)
         except BaseException:

@@ -22,8 +22,11 @@ from jaxcluster._auth import AUTH_TOKEN_ENV, auth_token_from_env
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "PREVIOUS_EXIT_ENV",
     "TaskSetupError",
     "add_task_arguments",
+    "describe_exit",
+    "limit_settings",
     "read_token",
     "task_settings",
     "tls_error",
@@ -32,6 +35,12 @@ __all__ = [
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Set by whoever starts a task process again after the previous one ended (LocalCluster,
+#: or a supervisor script: ``JAXCLUSTER_PREVIOUS_EXIT=$?``): how that one ended, as an exit
+#: status (a shell's ``128 + N`` or Python's ``-N`` for signal N) or as text. The worker
+#: reports it in ``GetStatus.previous_exit``, which the coordinator quotes when a closure
+#: killed its workers (``max_closure_retries``).
+PREVIOUS_EXIT_ENV = "JAXCLUSTER_PREVIOUS_EXIT"
 # Between attempts to resolve the cluster while its other tasks are still starting.
 _RESOLVE_RETRY_SECONDS = 2.0
 
@@ -90,11 +99,69 @@ def add_task_arguments(
     )
     parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=4096,
+        help="connections open at once (default 4096, lowered to what the open-file limit "
+        "allows); a new one over the bound closes the oldest that has not authenticated",
+    )
+    parser.add_argument(
+        "--max-streams-per-connection",
+        type=int,
+        default=128,
+        help="concurrent calls on one connection (default 128)",
+    )
+    parser.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=5.0,
+        help="seconds a new connection has to send an authenticated request before it is "
+        "closed (default 5)",
+    )
+    parser.add_argument(
         "--stop-on-stdin-eof",
         action="store_true",
         help="stop when standard input closes (LocalCluster uses this so tasks never outlive "
         "their parent)",
     )
+
+
+def limit_settings(args: argparse.Namespace) -> dict[str, int | float]:
+    """The connection bounds from the flags, as the servers take them."""
+    return {
+        "max_connections": args.max_connections,
+        "max_streams_per_connection": args.max_streams_per_connection,
+        "handshake_timeout": args.handshake_timeout,
+    }
+
+
+def describe_exit(raw: str | None) -> str:
+    """How a process ended, from an exit status as :data:`PREVIOUS_EXIT_ENV` carries it:
+    ``"exit status 3"``, ``"killed by signal 9 (SIGKILL)"``; other text as it is (at most
+    200 characters); empty for nothing.
+
+    Example::
+
+        describe_exit("137")   # 'killed by signal 9 (SIGKILL)' (a shell's 128 + 9)
+        describe_exit("-11")   # 'killed by signal 11 (SIGSEGV)' (Python's returncode)
+    """
+    text = (raw or "").strip()
+    if not text:
+        return ""
+    try:
+        status = int(text)
+    except ValueError:
+        return text[:200]
+    signum = -status if status < 0 else status - 128 if 128 < status < 160 else 0
+    if signum <= 0:
+        return f"exit status {status}"
+    import signal
+
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        return f"killed by signal {signum}"
+    return f"killed by signal {signum} ({name})"
 
 
 def read_token(token_file: Path | None) -> str | None:

@@ -34,6 +34,7 @@ __all__ = [
     "ResourceExhaustedError",
     "UnauthenticatedError",
     "UnavailableError",
+    "WorkerCrashedError",
 ]
 
 
@@ -106,6 +107,18 @@ def _ps_message(task_id: int | None, address: str | None, detail: str | None) ->
 
 class AbortedError(JaxClusterError):
     """The operation was aborted, e.g. a per-worker resource on a worker that failed."""
+
+
+class WorkerCrashedError(AbortedError):
+    """A closure's worker died under it more often than ``max_closure_retries`` allows.
+
+    The message names the closure and, for each death, the worker, what the coordinator saw
+    and how the process ended where that is known (exit status or signal, reported by the
+    worker that took its place when its launcher said). The closure was not run again: it
+    may be what kills its workers (a crash in native code, ``os._exit``, running out of
+    memory). Ray raises its ``WorkerCrashedError`` in the same situation; TensorFlow
+    retries such a closure forever.
+    """
 
 
 class DeadlineExceededError(JaxClusterError, TimeoutError):

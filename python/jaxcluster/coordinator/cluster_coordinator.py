@@ -67,6 +67,50 @@ def _worker_addresses(resolver: Any) -> list[str]:
     return [str(address) for address in tasks]
 
 
+class _FromEnvironment:
+    """The default of a bound that an environment variable can set."""
+
+    def __init__(self, variable: str, default: str) -> None:
+        self.variable = variable
+        self.default = default
+
+    def __repr__(self) -> str:
+        return f"${self.variable} or {self.default}"
+
+
+#: Defaults of the bounds of issue 16, each read from its variable when not given.
+_HEARTBEAT_DEFAULT = _FromEnvironment("JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC", "5.0")
+_RETRIES_DEFAULT = _FromEnvironment("JAXCLUSTER_MAX_CLOSURE_RETRIES", "3")
+_CONNECT_DEFAULT = _FromEnvironment("JAXCLUSTER_CONNECT_TIMEOUT_SEC", "60.0")
+
+
+def _seconds_bound(name: str, value: Any) -> float | None:
+    """What the dispatcher takes for a bound in seconds: ``None`` (not given: the
+    environment or the default), ``inf`` (``None`` given: no bound) or the seconds."""
+    if isinstance(value, _FromEnvironment):
+        return None
+    if value is None:
+        return float("inf")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name}={value!r}; expected a positive number of seconds, or None")
+    return float(value)
+
+
+def _retries_bound(value: Any) -> int | None:
+    """``max_closure_retries`` for the dispatcher: ``None`` from the environment, -1 for
+    no bound."""
+    if isinstance(value, _FromEnvironment):
+        return None
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"max_closure_retries={value!r}; expected a count of at least 0, or None for no "
+            "bound (TF's behaviour)"
+        )
+    return value
+
+
 def _check_options(max_queue_size: int, error_policy: str, closure_timeout: Any) -> None:
     if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int):
         raise TypeError(f"max_queue_size={max_queue_size!r}; expected an int")
@@ -97,6 +141,23 @@ class ClusterCoordinator:
     With ``tls_ca`` (a CA path or PEM; else the strategy's, else ``JAXCLUSTER_TLS_CA``) the
     workers are reached over TLS and verified against that CA.
 
+    Bounds TF does not have (see "Differences from TensorFlow" in the README), each set by
+    its argument, else by an environment variable, else by its default; ``None`` removes
+    the bound:
+
+    - ``max_closure_retries`` (``JAXCLUSTER_MAX_CLOSURE_RETRIES``, 3): a closure whose
+      worker died while running it runs again at most this often, then fails with
+      ``WorkerCrashedError`` naming each death; a worker lost between closures costs no
+      closure anything. ``None``: retried forever, as TF does.
+    - ``heartbeat_timeout`` (``JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC``, 5 s): a worker running
+      closures that sends nothing (not even a heartbeat, which its Rust server answers
+      whatever the closure does) for this long is declared failed; its queued closures go
+      to other workers and its running one is retried.
+    - ``connect_timeout`` (``JAXCLUSTER_CONNECT_TIMEOUT_SEC``, 60 s): if no worker has
+      answered this long after the coordinator started, ``schedule``/``join``/``fetch``
+      raise ``UnavailableError`` naming every address and its last error, until one
+      answers. Workers reached once and lost later keep TF's hour-long recovery bound.
+
     Example::
 
         with jaxcluster.LocalCluster(2) as cluster:
@@ -117,6 +178,9 @@ class ClusterCoordinator:
         error_policy: str = "cancel_all",
         closure_timeout: float | None = None,
         tls_ca: str | bytes | os.PathLike[str] | None = None,
+        max_closure_retries: int | None = _RETRIES_DEFAULT,  # type: ignore[assignment]
+        heartbeat_timeout: float | None = _HEARTBEAT_DEFAULT,  # type: ignore[assignment]
+        connect_timeout: float | None = _CONNECT_DEFAULT,  # type: ignore[assignment]
     ) -> None:
         if (cluster_resolver is None) == (strategy is None):
             raise TypeError(
@@ -124,6 +188,11 @@ class ClusterCoordinator:
                 "strategy=; got " + ("both" if strategy is not None else "neither")
             )
         _check_options(max_queue_size, error_policy, closure_timeout)
+        bounds = {
+            "max_closure_retries": _retries_bound(max_closure_retries),
+            "heartbeat_timeout": _seconds_bound("heartbeat_timeout", heartbeat_timeout),
+            "connect_timeout": _seconds_bound("connect_timeout", connect_timeout),
+        }
         source = cluster_resolver if strategy is None else strategy
         resolver, strategy_token = _resolver_and_token(source)
         token = auth_token or strategy_token or auth_token_from_env()
@@ -145,6 +214,7 @@ class ClusterCoordinator:
             max_queue_size=max_queue_size,
             error_policy=error_policy,  # type: ignore[arg-type]  # checked above
             closure_timeout=None if closure_timeout is None else float(closure_timeout),
+            **bounds,
         )
         self._functions = FunctionSerializer(self._platforms)
         self._registered: set[bytes] = set()
@@ -184,7 +254,7 @@ class ClusterCoordinator:
         else:
             pickled, buffers, resources = b"", [], []
         function = self._functions.serialize(fn, args, kwargs)
-        self._register(function)
+        self._register(function, fn)
         cell = self._dispatcher.schedule(function.function_hash, pickled, buffers, resources)
         return RemoteValue(cell)
 
@@ -269,20 +339,24 @@ class ClusterCoordinator:
         if self._closed:
             raise RuntimeError("this ClusterCoordinator has been shut down")
 
-    def _register(self, function: SerializedFunction) -> None:
+    def _register(self, function: SerializedFunction, fn: Any = None) -> None:
         if function.function_hash in self._registered:
             return
         with self._lock:
             if function.function_hash not in self._registered:
+                name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "")
                 self._dispatcher.register_function(
-                    function.function_hash, function.kind, function.payload
+                    function.function_hash,
+                    function.kind,
+                    function.payload,
+                    name if isinstance(name, str) else "",
                 )
                 self._registered.add(function.function_hash)
 
     def _create_resource(self, fn: Callable[[], Any]) -> Any:
         self._check_open()
         function = self._functions.serialize(fn, (), {})
-        self._register(function)
+        self._register(function, fn)
         return self._dispatcher.create_resource(function.function_hash)
 
     def _resource_for(self, value: PerWorkerValues) -> Any:

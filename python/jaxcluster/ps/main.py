@@ -21,6 +21,7 @@ from typing import Any
 from jaxcluster._task_process import (
     TaskSetupError,
     add_task_arguments,
+    limit_settings,
     task_settings,
     tls_error,
     tls_files,
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
             max_message_bytes=args.max_message_bytes,
             tls_cert=tls_cert,
             tls_key=tls_key,
+            **limit_settings(args),
         )
     except (TaskSetupError, ValueError, OSError) as exc:
         print(f"jaxcluster ps: error: {tls_error(exc, args)}", file=sys.stderr, flush=True)

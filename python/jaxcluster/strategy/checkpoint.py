@@ -12,8 +12,11 @@ Layout (all integers little-endian)::
 
 **Atomic replacement.** :func:`write_checkpoint` writes a temporary file in the target's
 directory, fsyncs it, renames it over the target and fsyncs the directory: a crash at any
-moment leaves either the previous checkpoint or the new one, never a mix. A crash may
-leave a ``.NAME.*.tmp`` file beside it, which readers ignore.
+moment leaves either the previous checkpoint or the new one, never a mix. A writer holds
+an exclusive ``flock`` on its temporary file while it writes; a crash leaves the file (a
+``.NAME.*.tmp`` beside the target, which readers ignore) with the lock gone, and the next
+save to that name removes every such file no process holds (so a save killed mid-write
+costs disk space only until the next save).
 
 **Validation.** :func:`read_checkpoint` checks the magic, the version, the digest and every
 entry's bounds before returning anything, and raises ``ValueError`` saying what is wrong.
@@ -27,12 +30,15 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import glob
 import hashlib
 import json
 import math
 import os
 import struct
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -108,9 +114,13 @@ def write_checkpoint(path: str | os.PathLike[str], arrays: Mapping[str, Any]) ->
 
     header = json.dumps({"variables": entries, "jaxcluster_version": __version__}).encode()
     directory = target.parent if str(target.parent) else Path(".")
+    _remove_abandoned(directory, target.name)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as f:
+        # Held (the descriptor stays open) until the file is renamed or removed: tells
+        # another save that this file is in use.
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        with os.fdopen(fd, "wb", closefd=False) as f:
             digest = hashlib.sha256()
             for piece in (_PREFIX.pack(MAGIC, FORMAT_VERSION, len(header)), header, *blobs):
                 f.write(piece)
@@ -125,7 +135,35 @@ def write_checkpoint(path: str | os.PathLike[str], arrays: Mapping[str, Any]) ->
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(fd)
     _fsync_directory(directory)
+
+
+#: A temporary file this new and still empty may be a writer's that has not locked it yet.
+_JUST_CREATED_SECONDS = 10.0
+
+
+def _remove_abandoned(directory: Path, name: str) -> None:
+    """Removes the temporary files of saves to ``name`` that died mid-write: those no
+    process holds a lock on (a live writer locks its file right after creating it)."""
+    for candidate in directory.glob(f".{glob.escape(name)}.*.tmp"):
+        try:
+            fd = os.open(candidate, os.O_RDONLY)
+        except OSError:
+            continue  # renamed or removed meanwhile
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live writer holds it
+        try:
+            info = os.fstat(fd)
+            if info.st_size > 0 or time.time() - info.st_mtime > _JUST_CREATED_SECONDS:
+                with contextlib.suppress(OSError):
+                    os.unlink(candidate)
+        finally:
+            os.close(fd)
 
 
 def _corrupt(path: Path, what: str) -> ValueError:
@@ -139,12 +177,23 @@ def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut short: a crafted header can nest too deep to print."""
+    try:
+        text = repr(value)
+    except RecursionError:
+        return f"<a {type(value).__name__} nested too deep to show>"
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
 def _entry(raw: Any, data_bytes: int, path: Path) -> _Entry:
     if not isinstance(raw, dict):
         raise _corrupt(path, f"a header entry is {type(raw).__name__}, expected an object")
     name, dtype, shape = raw.get("name"), raw.get("dtype"), raw.get("shape")
     offset, nbytes = raw.get("offset"), raw.get("nbytes")
-    malformed = _corrupt(path, f"header entry {raw!r} is malformed or points outside the data")
+    malformed = _corrupt(
+        path, f"header entry {_shown(raw)} is malformed or points outside the data"
+    )
     if not (isinstance(name, str) and name and isinstance(dtype, str) and dtype in _SUPPORTED):
         raise malformed
     if not (isinstance(shape, list) and all(_is_count(d) for d in shape)):
@@ -183,6 +232,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
         entries = header["variables"]
         if not isinstance(entries, list):
             raise TypeError("'variables' is not a list")
+    except RecursionError:
+        raise _corrupt(source, "its header nests JSON deeper than any checkpoint does") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise _corrupt(source, f"its header is not valid ({exc})") from None
     data = memoryview(body)[data_start:]

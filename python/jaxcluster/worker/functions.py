@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +60,14 @@ _LOADERS: dict[str, Callable[[bytes], Callable[..., Any]]] = {
 
 
 class FunctionCache:
-    """Callables by function hash; each payload is loaded once per worker process.
+    """Callables by function hash; each payload is loaded once per worker process while it
+    stays in the cache.
+
+    The cache keeps the ``max_entries`` most recently used callables whose payloads add up
+    to at most ``max_bytes`` (a loaded function holds what its payload held: a closure
+    capturing a large array is as large loaded as pickled), evicting the least recently
+    used, as the server's function store does; an evicted function is loaded again from
+    its payload when a closure needs it.
 
     Example::
 
@@ -67,8 +75,11 @@ class FunctionCache:
         fn = cache.get(job.function_hash, job.function_kind, lambda: job.function_payload)
     """
 
-    def __init__(self) -> None:
-        self._functions: dict[bytes, Callable[..., Any]] = {}
+    def __init__(self, max_entries: int = 512, max_bytes: int = 1024**3) -> None:
+        self._functions: OrderedDict[bytes, tuple[Callable[..., Any], int]] = OrderedDict()
+        self._bytes = 0
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
 
     def get(
         self, function_hash: bytes, kind: str, payload: Callable[[], bytes]
@@ -77,15 +88,25 @@ class FunctionCache:
 
         Raises :class:`FunctionLoadError`; failures are not cached, so a later call retries.
         """
-        fn = self._functions.get(function_hash)
-        if fn is None:
-            loader = _LOADERS.get(kind)
-            if loader is None:
-                raise FunctionLoadError(
-                    f"function kind {kind!r} is not supported; expected one of {sorted(_LOADERS)}"
-                )
-            fn = loader(payload())
-            self._functions[function_hash] = fn
+        found = self._functions.get(function_hash)
+        if found is not None:
+            self._functions.move_to_end(function_hash)
+            return found[0]
+        loader = _LOADERS.get(kind)
+        if loader is None:
+            raise FunctionLoadError(
+                f"function kind {kind!r} is not supported; expected one of {sorted(_LOADERS)}"
+            )
+        data = payload()
+        fn = loader(data)
+        size = len(data)
+        while self._functions and (
+            len(self._functions) >= self._max_entries or self._bytes + size > self._max_bytes
+        ):
+            _, (_, evicted) = self._functions.popitem(last=False)
+            self._bytes -= evicted
+        self._functions[function_hash] = (fn, size)
+        self._bytes += size
         return fn
 
     def __len__(self) -> int:

@@ -8,6 +8,7 @@ finish, and exits with status 0.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -15,8 +16,11 @@ from types import FrameType
 from typing import Any
 
 from jaxcluster._task_process import (
+    PREVIOUS_EXIT_ENV,
     TaskSetupError,
     add_task_arguments,
+    describe_exit,
+    limit_settings,
     task_settings,
     tls_error,
     tls_files,
@@ -32,6 +36,13 @@ WorkerSetupError = TaskSetupError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the worker's flags to ``parser``."""
     add_task_arguments(parser, job="worker", example_environment="slurm")
+    parser.add_argument(
+        "--max-function-bytes",
+        type=int,
+        default=1024**3,
+        help="bytes of registered function payloads kept (default 1 GiB); the least "
+        "recently used is evicted first and registered again by its coordinator when needed",
+    )
 
 
 def _install_signal_handlers(server: Any) -> None:
@@ -65,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
             tls_key=tls_key,
             worker_index=index,
             max_message_bytes=args.max_message_bytes,
+            max_function_bytes=args.max_function_bytes,
+            previous_exit=describe_exit(os.environ.get(PREVIOUS_EXIT_ENV)),
+            **limit_settings(args),
             **info,
         )
     except (TaskSetupError, ValueError, OSError) as exc:
