@@ -10,6 +10,7 @@ use bytes::Bytes;
 use super::*;
 use crate::rpc::{content_hash, ClientConfig, RpcError, WorkerClient};
 
+mod leases;
 mod streams;
 
 const TOKEN: &str = "test-token";

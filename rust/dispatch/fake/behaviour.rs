@@ -20,6 +20,9 @@ pub enum Behaviour {
     GateRaise(String),
     /// `crash-on:<worker>`: crash when run on that worker, else echo.
     CrashOn(usize),
+    /// `crash`: crash whichever worker runs it; a supervisor starts that worker again at
+    /// once (a closure that kills its workers, as a segfault would).
+    Crash,
     /// `ps-fail:<task>:<times>`: the first `times` executions of each closure fail with a
     /// parameter-server failure naming ps task `task`; later ones echo.
     PsFail {
@@ -45,6 +48,7 @@ impl Behaviour {
             ("echo", _) => Self::Echo,
             ("raise", _) => Self::Raise,
             ("infra", _) => Self::Infra,
+            ("crash", "") => Self::Crash,
             ("resource", _) => Self::Resource,
             ("resource-raise", _) => Self::ResourceRaise,
             ("sleep", ms) if ms.parse::<u64>().is_ok() => {

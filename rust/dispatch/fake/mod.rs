@@ -163,6 +163,13 @@ impl FakeCluster {
         self.inner.workers[index].kill();
     }
 
+    /// How many `RunClosures` streams are open on worker `index`.
+    pub fn open_streams(&self, index: usize) -> usize {
+        self.inner.workers[index]
+            .streams
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Brings worker `index` back as a new process (new `pid`), holding nothing.
     pub fn restart(&self, index: usize) {
         self.inner.workers[index].restart();

@@ -17,6 +17,16 @@ struct FakeRunner {
     live: watch::Receiver<u64>,
 }
 
+impl Drop for FakeRunner {
+    fn drop(&mut self) {
+        // The emulation has ended (and sent its last answer or error).
+        self.transport
+            .worker()
+            .streams
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 impl ClosureRunner for FakeRunner {
     async fn run(
         &self,
@@ -43,6 +53,10 @@ pub(super) fn open(
     live: watch::Receiver<u64>,
     first: pb::RunClosuresRequest,
 ) -> ClosureChannel {
+    transport
+        .worker()
+        .streams
+        .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let runner = FakeRunner {
         transport: transport.clone(),
         incarnation,

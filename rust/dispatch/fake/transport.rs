@@ -64,10 +64,13 @@ impl FakeTransport {
                 crash_after = Some(chaos.down_for);
             }
         }
-        if behaviour == Behaviour::CrashOn(self.index) {
+        if behaviour == Behaviour::CrashOn(self.index) || behaviour == Behaviour::Crash {
             self.cluster
                 .record_execution(request.closure_id, self.index);
             self.worker().kill();
+            if behaviour == Behaviour::Crash {
+                self.worker().restart();
+            }
             return Err(self.worker().down());
         }
         let waits = matches!(

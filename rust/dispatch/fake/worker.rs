@@ -29,6 +29,8 @@ pub(crate) struct FakeWorker {
     pub(super) state: Mutex<State>,
     /// The live incarnation, 0 while down: calls in flight end when it changes.
     incarnation: watch::Sender<u64>,
+    /// `RunClosures` streams open on this worker (their emulation still running).
+    pub(super) streams: std::sync::atomic::AtomicUsize,
 }
 
 impl FakeWorker {
@@ -45,6 +47,7 @@ impl FakeWorker {
                 received: Vec::new(),
             }),
             incarnation: watch::Sender::new(1),
+            streams: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -228,7 +231,9 @@ pub(super) async fn execute(
             },
             closure_id,
         ),
-        Behaviour::Echo | Behaviour::CrashOn(_) | Behaviour::PsFail { .. } => echo,
+        Behaviour::Echo | Behaviour::CrashOn(_) | Behaviour::Crash | Behaviour::PsFail { .. } => {
+            echo
+        }
         Behaviour::Raise => raised(),
         Behaviour::Infra => failed(
             pb::ClosureError {

@@ -49,6 +49,8 @@ fn setup(policy: ErrorPolicy) -> Setup {
     );
     let config = DispatcherConfig {
         error_policy: policy,
+        // Chaos may crash a closure's worker several times: retried as TF would.
+        max_closure_retries: None,
         backoff: BackoffConfig {
             initial: Duration::from_millis(1),
             max: Duration::from_millis(10),

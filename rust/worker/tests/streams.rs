@@ -5,16 +5,16 @@ use super::*;
 use crate::rpc::ClosureChannel;
 
 /// Upper bound on any wait here; far above what a healthy run needs.
-const PATIENCE: Duration = Duration::from_secs(30);
+pub(super) const PATIENCE: Duration = Duration::from_secs(30);
 
-fn closure(hash: &[u8], id: u64) -> pb::RunClosureRequest {
+pub(super) fn closure(hash: &[u8], id: u64) -> pb::RunClosureRequest {
     pb::RunClosureRequest {
         closure_id: id,
         ..run_request(hash, PICKLED_ONE)
     }
 }
 
-fn message(closures: Vec<pb::RunClosureRequest>) -> pb::RunClosuresRequest {
+pub(super) fn message(closures: Vec<pb::RunClosureRequest>) -> pb::RunClosuresRequest {
     pb::RunClosuresRequest {
         closures,
         ..pb::RunClosuresRequest::default()
@@ -22,7 +22,10 @@ fn message(closures: Vec<pb::RunClosureRequest>) -> pb::RunClosuresRequest {
 }
 
 /// Reads answers until `count` have arrived; also returns how many messages carried them.
-async fn answers(channel: &mut ClosureChannel, count: usize) -> (Vec<pb::ClosureReply>, usize) {
+pub(super) async fn answers(
+    channel: &mut ClosureChannel,
+    count: usize,
+) -> (Vec<pb::ClosureReply>, usize) {
     let mut replies = Vec::new();
     let mut messages = 0;
     while replies.len() < count {
@@ -38,7 +41,7 @@ async fn answers(channel: &mut ClosureChannel, count: usize) -> (Vec<pb::Closure
 }
 
 /// `(closure id, outcome name)` of each answer.
-fn outcomes(replies: &[pb::ClosureReply]) -> Vec<(u64, &'static str)> {
+pub(super) fn outcomes(replies: &[pb::ClosureReply]) -> Vec<(u64, &'static str)> {
     use pb::closure_reply::Outcome;
     replies
         .iter()
@@ -56,7 +59,7 @@ fn outcomes(replies: &[pb::ClosureReply]) -> Vec<(u64, &'static str)> {
 }
 
 /// Waits until the worker holds `inflight` running and `queued` waiting jobs.
-async fn wait_for_depth(harness: &Harness, inflight: u32, queued: u32) {
+pub(super) async fn wait_for_depth(harness: &Harness, inflight: u32, queued: u32) {
     let deadline = Instant::now() + PATIENCE;
     loop {
         let status = harness.server.status();
@@ -71,7 +74,7 @@ async fn wait_for_depth(harness: &Harness, inflight: u32, queued: u32) {
     }
 }
 
-async fn registered(harness: &Harness, payload: &'static [u8]) -> [u8; 32] {
+pub(super) async fn registered(harness: &Harness, payload: &'static [u8]) -> [u8; 32] {
     let client = harness.client(Some(TOKEN));
     client
         .register_function(register_request(payload), None)
