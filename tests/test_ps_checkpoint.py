@@ -4,6 +4,8 @@ nothing changed."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import subprocess
 import sys
 import textwrap
@@ -208,9 +210,38 @@ def test_a_process_killed_between_write_and_rename_leaves_the_previous_file(
     restored = checkpoint.read_checkpoint(path)
     np.testing.assert_array_equal(restored["a"], previous["a"])
     assert restored["b"] == 3
-    # The stray temporary file does not confuse the next save.
+    # The stray temporary file does not confuse the next save, which removes it.
     checkpoint.write_checkpoint(path, {"a": np.ones(5)})
     np.testing.assert_array_equal(checkpoint.read_checkpoint(path)["a"], np.ones(5))
+    assert not leftover.exists(), "the abandoned temporary file was left behind"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt.jaxc"]
+
+
+def test_a_temporary_file_a_live_writer_holds_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "ckpt.jaxc"
+    busy = tmp_path / ".ckpt.jaxc.live.tmp"
+    busy.write_bytes(b"partial")
+    with busy.open("rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        checkpoint.write_checkpoint(path, {"a": np.ones(2)})
+        assert busy.exists(), "a save removed another writer's file"
+    checkpoint.write_checkpoint(path, {"a": np.ones(2)})
+    assert not busy.exists()
+
+
+def _crafted(path: Path, header: bytes) -> None:
+    body = checkpoint._PREFIX.pack(checkpoint.MAGIC, checkpoint.FORMAT_VERSION, len(header))
+    body += header
+    path.write_bytes(body + hashlib.sha256(body).digest())
+
+
+@pytest.mark.parametrize("depth", [200, 100_000])
+def test_deeply_nested_json_is_a_value_error(tmp_path: Path, depth: int) -> None:
+    path = tmp_path / "deep.jaxc"
+    nested = b"[" * depth + b"]" * depth
+    _crafted(path, b'{"variables": [{"name": ' + nested + b"}]}")
+    with pytest.raises(ValueError, match="corrupt"):
+        checkpoint.read_checkpoint(path)
 
 
 def test_saving_over_a_directory_is_refused(cluster: LocalCluster, tmp_path: Path) -> None:

@@ -80,9 +80,14 @@ class WorkerProc:
 
 
 def launch(
-    args: Sequence[str] = (), *, token: str | None = "test-token", env: dict[str, str] | None = None
+    args: Sequence[str] = (),
+    *,
+    token: str | None = "test-token",
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], Any] | None = None,
 ) -> WorkerProc:
-    """Starts a worker process (without waiting for it to be ready)."""
+    """Starts a worker process (without waiting for it to be ready); ``preexec_fn`` runs in
+    the child before it starts (e.g. to lower its resource limits)."""
     full_env = {k: v for k, v in os.environ.items() if k != "JAXCLUSTER_AUTH_TOKEN"}
     full_env["PYTHONUNBUFFERED"] = "1"
     if token is not None:
@@ -95,16 +100,21 @@ def launch(
         stderr=subprocess.PIPE,
         text=True,
         env=full_env,
+        preexec_fn=preexec_fn,
     )
     return WorkerProc(popen, token)
 
 
 @contextlib.contextmanager
 def running_worker(
-    args: Sequence[str] = (), *, token: str | None = "test-token", env: dict[str, str] | None = None
+    args: Sequence[str] = (),
+    *,
+    token: str | None = "test-token",
+    env: dict[str, str] | None = None,
+    preexec_fn: Callable[[], Any] | None = None,
 ) -> Iterator[WorkerProc]:
     """A ready worker, SIGKILLed and reaped on exit if it is still running."""
-    worker = launch(args, token=token, env=env)
+    worker = launch(args, token=token, env=env, preexec_fn=preexec_fn)
     try:
         worker.wait_listening()
         yield worker

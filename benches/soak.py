@@ -1,0 +1,234 @@
+"""Chaos soak: closures flow through a LocalCluster while its tasks are killed, drained, frozen
+and restarted, and every invariant is checked at the end.
+
+    python benches/soak.py 1        # one minute (fractions allowed: 0.5 = 30 s)
+    python benches/soak.py 10 --workers 4 --ps 2 --seed 7
+
+Faults, one at a time, every ``--interval`` seconds, on a random task:
+
+- SIGKILL a worker, then start it again (a crash);
+- SIGTERM a worker, wait until it drained and exited, start it again (a preemption);
+- SIGSTOP a worker for longer than the heartbeat timeout, then SIGCONT (a hung host);
+- every ``--ps-every``-th fault: SIGKILL a ps holding a counter, start it again empty and
+  restore the counter from the checkpoint saved before the kill.
+
+Invariants (the run exits 1 naming each one that failed):
+
+- nothing lost: every closure scheduled returned its value (none failed, none cancelled);
+- values right: each value is what the closure computes from its arguments;
+- at-most-once where promised: a closure ran more than once only if its worker died or froze
+  while running it, so closures started twice are at most the faults that can cause one;
+- checkpoints intact: each restored counter equals the value saved;
+- memory flat: the coordinator's RSS grows by less than ``--max-growth-kib`` per 10,000
+  closures between the end of the first fifth of the run and the end.
+
+Each closure appends its number to a log of its worker process when it starts (an
+``O_APPEND`` write, kept by the kernel when the process is SIGKILLed next), so executions
+by processes that died count too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from jaxcluster import LocalCluster
+from jaxcluster._native import core
+from jaxcluster.strategy import checkpoint
+
+HEARTBEAT_TIMEOUT = 2.0
+
+
+def work(log_dir: str, i: int) -> int:
+    """Runs on a worker: logs its start, returns a value the driver can check."""
+    fd = os.open(
+        os.path.join(log_dir, f"{os.getpid()}.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    )
+    try:
+        os.write(fd, f"{i}\n".encode())
+    finally:
+        os.close(fd)
+    return (i * 2654435761) % 1_000_003
+
+
+def rss_kib() -> int:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+class Chaos(threading.Thread):
+    """Injects one fault at a time until stopped; counts what it did."""
+
+    def __init__(self, cluster: LocalCluster, args: argparse.Namespace) -> None:
+        super().__init__(daemon=True)
+        self.cluster = cluster
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.stopped = threading.Event()
+        self.counts: Counter[str] = Counter()
+        self.errors: list[str] = []
+        self.counter = 0  # the value of the ps counter, as the driver knows it
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.wait(self.args.interval):
+                n = sum(self.counts.values()) + 1
+                if self.cluster.num_ps and n % self.args.ps_every == 0:
+                    self.ps_fault()
+                else:
+                    self.worker_fault(self.rng.randrange(self.cluster.num_workers))
+        except Exception as exc:  # reported as a failed invariant, never swallowed
+            self.errors.append(f"chaos thread: {exc!r}")
+
+    def worker_fault(self, index: int) -> None:
+        pid = self.cluster.worker_pid(index)
+        if pid is None:
+            return
+        kind = self.rng.choice(["kill", "term", "stop"])
+        if kind == "kill":
+            os.kill(pid, signal.SIGKILL)
+        elif kind == "term":
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 120
+            while self.cluster.worker_pid(index) is not None and time.monotonic() < deadline:
+                self.stopped.wait(0.05)
+        else:
+            os.kill(pid, signal.SIGSTOP)
+            # Long enough that the coordinator declares it failed.
+            self.stopped.wait(HEARTBEAT_TIMEOUT + self.rng.uniform(1.0, 3.0))
+            os.kill(pid, signal.SIGCONT)
+        if kind != "stop":
+            self.cluster.restart_worker(index)
+        self.counts[kind] += 1
+
+    def ps_fault(self) -> None:
+        index = self.rng.randrange(self.cluster.num_ps)
+        address = self.cluster.ps_addresses[index]
+        token = self.cluster.auth_token
+        client = core.PsClient(address, auth_token=token)
+        name = "soak_counter"
+        step = self.rng.randrange(1, 1000)
+        try:
+            client.create_variable(name, np.int64(self.counter), replace=True)
+            client.assign_add(name, np.int64(step))
+            self.counter += step
+            path = Path(self.args.work_dir, f"ps{index}.jaxc")
+            checkpoint.write_checkpoint(path, {name: client.read(name)})
+        finally:
+            del client
+        self.cluster.kill_ps(index)
+        self.cluster.restart_ps(index)
+        restored = core.PsClient(address, auth_token=token)
+        value = checkpoint.read_checkpoint(path)[name]
+        restored.create_variable(name, value)
+        if int(restored.read(name)) != self.counter:
+            self.errors.append(
+                f"ps {index}: restored counter {int(restored.read(name))}, saved {self.counter}"
+            )
+        self.counts["ps"] += 1
+
+
+def soak(args: argparse.Namespace) -> int:
+    log_dir = Path(args.work_dir, "logs")
+    log_dir.mkdir()
+    failures: list[str] = []
+    scheduled = 0
+    values_wrong = 0
+    lost: list[str] = []
+    memory: list[tuple[float, int, int]] = []  # (elapsed, closures so far, RSS KiB)
+    with (
+        LocalCluster(args.workers, num_ps=args.ps) as cluster,
+        cluster.coordinator(
+            error_policy="per_closure", heartbeat_timeout=HEARTBEAT_TIMEOUT
+        ) as coordinator,
+    ):
+        chaos = Chaos(cluster, args)
+        start = time.monotonic()
+        end = start + args.minutes * 60
+        chaos.start()
+        while time.monotonic() < end:
+            numbers = range(scheduled, scheduled + args.batch)
+            rvs = [coordinator.schedule(work, args=(str(log_dir), i)) for i in numbers]
+            coordinator.join()
+            for i, rv in zip(numbers, rvs, strict=True):
+                try:
+                    value = rv.fetch()
+                except Exception as exc:
+                    if len(lost) < 5:
+                        lost.append(f"closure {i}: {type(exc).__name__}: {exc}"[:500])
+                    else:
+                        lost.append("")
+                    continue
+                if value != (i * 2654435761) % 1_000_003:
+                    values_wrong += 1
+            scheduled += args.batch
+            memory.append((time.monotonic() - start, scheduled, rss_kib()))
+        chaos.stopped.set()
+        chaos.join(timeout=300)
+        elapsed = time.monotonic() - start
+    starts: Counter[int] = Counter()
+    for log in log_dir.iterdir():
+        for line in log.read_text().split():
+            starts[int(line)] += 1
+    never = [i for i in range(scheduled) if starts[i] == 0]
+    twice = sum(1 for count in starts.values() if count > 1)
+    may_repeat = chaos.counts["kill"] + chaos.counts["stop"] + chaos.counts["term"]
+    print(f"{scheduled} closures in {elapsed:.0f} s ({scheduled / elapsed:.0f}/s)")
+    print(f"faults: {dict(chaos.counts)} ({sum(chaos.counts.values())} in all)")
+    print(f"closures started twice or more: {twice} (faults that can cause one: {may_repeat})")
+    if lost:
+        failures.append(f"{len(lost)} closures failed or were cancelled: {lost[:5]}")
+    if never:
+        failures.append(f"{len(never)} closures never started, e.g. {never[:5]}")
+    if values_wrong:
+        failures.append(f"{values_wrong} closures returned a wrong value")
+    if twice > may_repeat:
+        failures.append(f"{twice} closures ran twice, more than the {may_repeat} faults allow")
+    failures.extend(chaos.errors)
+    first = next((m for m in memory if m[0] >= elapsed / 5), None)
+    if first is not None and memory[-1][1] > first[1]:
+        grown = memory[-1][2] - first[2]
+        per_10k = grown * 10_000 / (memory[-1][1] - first[1])
+        print(
+            f"coordinator RSS: {first[2] / 1024:.1f} MiB at {first[0]:.0f} s, "
+            f"{memory[-1][2] / 1024:.1f} MiB at the end: {per_10k:+.1f} KiB per 10k closures"
+        )
+        if per_10k > args.max_growth_kib:
+            failures.append(
+                f"memory grew {per_10k:.1f} KiB per 10k closures, above {args.max_growth_kib}"
+            )
+    for failure in failures:
+        print(f"FAILED: {failure}")
+    print("soak: " + ("FAILED" if failures else "every invariant held"))
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("minutes", type=float, help="how long to run (fractions allowed)")
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--ps", type=int, default=2)
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between faults")
+    parser.add_argument("--ps-every", type=int, default=5, help="every Nth fault hits a ps")
+    parser.add_argument("--batch", type=int, default=2000, help="closures per batch")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-growth-kib", type=float, default=256.0)
+    args = parser.parse_args(argv)
+    if not args.minutes > 0:
+        parser.error(f"minutes={args.minutes}; expected a positive number")
+    with tempfile.TemporaryDirectory(prefix="jaxcluster-soak-") as work_dir:
+        args.work_dir = work_dir
+        return soak(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
