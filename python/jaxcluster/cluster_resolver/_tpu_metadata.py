@@ -26,8 +26,7 @@ import re
 import time
 from dataclasses import dataclass
 
-import requests
-
+from jaxcluster._extras import require
 from jaxcluster.cluster_resolver._google import env_timeout, positive_timeout, snippet
 from jaxcluster.errors import DeadlineExceededError, NotFoundError, UnavailableError
 
@@ -85,6 +84,7 @@ class MetadataServer:
             else positive_timeout(timeout)
         )
         self.attempts = attempts
+        requests = require("gcp", "requests", "Reading the GCE metadata server")
         self._session = requests.Session()
         # The metadata server is link-local: a proxy from the environment can only get in the way.
         self._session.trust_env = False
@@ -120,6 +120,8 @@ class MetadataServer:
                 "The metadata server exists only on Google Compute Engine and Cloud TPU VMs; "
                 "elsewhere set GCE_METADATA_HOST to one."
             )
+        import requests
+
         for attempt in range(self.attempts):
             try:
                 response = self._session.get(
