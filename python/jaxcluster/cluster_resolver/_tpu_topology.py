@@ -32,6 +32,9 @@ class EmbeddingFeature(enum.IntEnum):
     V2 = 2
 
 
+_Embedding = EmbeddingFeature  # for annotations inside TPUHardwareFeature, which nests the name
+
+
 @dataclass(frozen=True)
 class TPUHardwareFeature:
     """TF's ``TPUHardwareFeature``: ``embedding_feature`` and
@@ -39,7 +42,7 @@ class TPUHardwareFeature:
 
     EmbeddingFeature = EmbeddingFeature
 
-    embedding_feature: EmbeddingFeature | int = EmbeddingFeature.UNSUPPORTED
+    embedding_feature: _Embedding | int = _Embedding.UNSUPPORTED
     num_embedding_devices_per_chip: int = 0
 
 
