@@ -90,6 +90,9 @@ def test_num_accelerators_filters_by_task(monkeypatch: pytest.MonkeyPatch) -> No
     assert resolver.num_accelerators(task_type="worker2", task_id=3) == {"GPU": 1}
     assert resolver.num_accelerators(task_type="worker2", task_id=4) == {"GPU": 1}
     assert resolver.num_accelerators(task_type="worker2", task_id=0) == {}
+    # Beyond TF (which would count nothing): a task the cluster does not have is an error.
+    with pytest.raises(ValueError, match="not in the cluster spec"):
+        resolver.num_accelerators(task_type="worker3", task_id=0)
 
 
 def test_num_accelerators_for_a_task_before_jax_distributed(

@@ -132,7 +132,7 @@ class ClusterResolver(abc.ABC):
 
         counts: collections.defaultdict[str, int] = collections.defaultdict(int)
         whole_task = task_type is not None and task_id is not None
-        for name, kind in self._device_names(whole_task):
+        for name, kind in self._device_names((task_type, task_id) if whole_task else None):
             if kind == "CPU":
                 continue
             if whole_task:
@@ -144,15 +144,21 @@ class ClusterResolver(abc.ABC):
             counts[kind] += 1
         return counts
 
-    def _device_names(self, everywhere: bool) -> list[tuple[str, str]]:
-        """``(TF-style name, device type)`` of this process's devices, or with ``everywhere``
-        of every device JAX knows (all processes once ``jax.distributed`` is up)."""
+    def _device_names(self, task: tuple[Any, Any] | None) -> list[tuple[str, str]]:
+        """``(TF-style name, device type)`` of this process's devices, or, asked about a
+        ``task``, of every device JAX knows (all processes once ``jax.distributed`` is up;
+        ``ValueError`` when that task is not in the cluster spec)."""
         import jax  # deferred: importing jax costs a second and resolvers may not need it
 
         from jaxcluster.devices import device_type
 
-        if everywhere and jax.process_count() > 1:
+        if task is not None and jax.process_count() > 1:
             order = process_order(self.cluster_spec())
+            if (task[0], int(task[1])) not in order:
+                raise ValueError(
+                    f"task ({task[0]!r}, {task[1]!r}) is not in the cluster spec "
+                    f"({self.cluster_spec().as_dict()!r})"
+                )
             devices = list(jax.devices())
             if any(d.process_index >= len(order) for d in devices):
                 raise ValueError(
