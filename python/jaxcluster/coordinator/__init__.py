@@ -21,6 +21,10 @@ from jaxcluster.coordinator.remote_value import RemoteValue as RemoteValue
 from jaxcluster.coordinator.remote_value import RemoteValueStatus as RemoteValueStatus
 from jaxcluster.worker.context import get_current_worker_index as get_current_worker_index
 
+#: TF's name for :func:`get_current_worker_index`
+#: (``tf.distribute.coordinator.experimental_get_current_worker_index``).
+experimental_get_current_worker_index = get_current_worker_index
+
 #: The Rust closure queue with TF's ``_CoordinatedClosureQueue`` semantics.
 ClosureQueue = _core.ClosureQueue
 
@@ -31,5 +35,6 @@ __all__ = [
     "PerWorkerValues",
     "RemoteValue",
     "RemoteValueStatus",
+    "experimental_get_current_worker_index",
     "get_current_worker_index",
 ]

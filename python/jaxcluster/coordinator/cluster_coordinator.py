@@ -135,6 +135,7 @@ class ClusterCoordinator:
         ca = ca or ca_from_env()
         self._addresses = _worker_addresses(resolver)
         self._cluster_resolver = resolver
+        self._strategy = None if source is resolver else source
         from jaxcluster._native import core
 
         warn_if_token_in_clear(self._addresses, token, ca, _log, "workers")
@@ -227,6 +228,12 @@ class ClusterCoordinator:
         per-worker ``workers`` and the ``latency`` histogram (schedule to result,
         seconds)."""
         return dict(self._dispatcher.metrics())
+
+    @property
+    def strategy(self) -> Any:
+        """The strategy this coordinator was made with (TF's ``coordinator.strategy``), or
+        ``None`` when it was made from a cluster resolver."""
+        return self._strategy
 
     @property
     def workers(self) -> list[dict[str, Any]]:

@@ -64,6 +64,8 @@ class ParameterServerVariable:
     ) -> None:
         self._name = name
         self._dtype = np.dtype(dtype)
+        # The ps store keeps numbers; a bool variable travels and rests as uint8 0/1.
+        self._storage = np.dtype(np.uint8) if self._dtype == np.bool_ else self._dtype
         self._shape = tuple(int(d) for d in shape)
         self._shards = tuple(Shard(*s) for s in shards)
         self._token = auth_token if auth_token is not None else _clients.default_token()
@@ -80,6 +82,12 @@ class ParameterServerVariable:
     def dtype(self) -> np.dtype[Any]:
         """Element type, as a numpy dtype."""
         return self._dtype
+
+    @property
+    def storage_dtype(self) -> np.dtype[Any]:
+        """The dtype the ps tasks (and checkpoints) hold: ``uint8`` for a bool variable,
+        else :attr:`dtype`."""
+        return self._storage
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -158,8 +166,17 @@ class ParameterServerVariable:
     def _piece(self, array: np.ndarray, shard: Shard) -> np.ndarray:
         return array if len(self._shards) == 1 else array[shard.start : shard.stop]
 
+    def _check_arithmetic(self, op: str) -> None:
+        if self._dtype == np.bool_:
+            raise TypeError(
+                f"{op} on bool variable {self._name!r}: a bool variable can only be assigned "
+                "(as in TF); keep a count in an int32 variable instead"
+            )
+
     def _update(self, method: str, value: Any, read_value: bool) -> ParameterServerVariable | None:
-        array = self._coerce(value, method)
+        if method != "assign":
+            self._check_arithmetic(method)
+        array = self._coerce(value, method).astype(self._storage, copy=False)
         for shard in self._shards:
             piece = self._piece(array, shard)
             self._call(shard, method, shard.key, piece)
@@ -171,7 +188,8 @@ class ParameterServerVariable:
         """The current value, as a new writable numpy array. Each shard is read atomically;
         shards of one variable are read one after another."""
         pieces = [self._call(s, "read", s.key) for s in self._shards]
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+        value = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+        return value.astype(np.bool_) if self._dtype == np.bool_ else value
 
     def value(self) -> np.ndarray:
         """Same as :meth:`read_value`."""
@@ -227,6 +245,7 @@ class ParameterServerVariable:
         (like TF's ``IndexedSlices``) as ``sparse_delta``. ``indices`` may have any shape;
         ``updates`` then has shape ``indices.shape + variable.shape[1:]``.
         """
+        self._check_arithmetic("scatter_add")
         if sparse_delta is not None:
             indices, updates = sparse_delta.indices, sparse_delta.values
         if indices is None or updates is None:
