@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -20,14 +19,13 @@ from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
 from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunction
 from jaxcluster.coordinator.per_worker import PerWorkerDataset, PerWorkerValues
+from jaxcluster.coordinator.placement import WorkerFacts
 from jaxcluster.coordinator.remote_value import RemoteValue
 from jaxcluster.coordinator.structure import map_structure
 
 __all__ = ["ClusterCoordinator"]
 
 _ERROR_POLICIES = ("cancel_all", "per_closure")
-# How long the workers' JAX platforms are trusted before asking the dispatcher again.
-_PLATFORMS_TTL_SECONDS = 5.0
 _log = logging.getLogger("jaxcluster.coordinator")
 
 
@@ -146,10 +144,10 @@ class ClusterCoordinator:
             error_policy=error_policy,  # type: ignore[arg-type]  # checked above
             closure_timeout=None if closure_timeout is None else float(closure_timeout),
         )
-        self._functions = FunctionSerializer(self._platforms)
+        self._worker_facts = WorkerFacts(self._dispatcher)
+        self._functions = FunctionSerializer(self._worker_facts.platforms)
         self._registered: set[bytes] = set()
         self._lock = threading.Lock()
-        self._platform_cache: tuple[float, tuple[str, ...]] | None = None
         self._closed = False
 
     # --- scheduling ------------------------------------------------------------------
@@ -184,6 +182,7 @@ class ClusterCoordinator:
         else:
             pickled, buffers, resources = b"", [], []
         function = self._functions.serialize(fn, args, kwargs)
+        self._worker_facts.check(function)
         self._register(function)
         cell = self._dispatcher.schedule(function.function_hash, pickled, buffers, resources)
         return RemoteValue(cell)
@@ -287,20 +286,3 @@ class ClusterCoordinator:
 
     def _resource_for(self, value: PerWorkerValues) -> Any:
         return value._resource_for(self)
-
-    def _platforms(self) -> tuple[str, ...]:
-        """The workers' JAX platforms, for exports (this process's backend if unknown)."""
-        now = time.monotonic()
-        cached = self._platform_cache
-        if cached is not None and now < cached[0]:
-            return cached[1]
-        known = sorted(
-            {str(s["platform"]) for s in self._dispatcher.worker_statuses() if s.get("platform")}
-        )
-        if not known:
-            import jax
-
-            known = [jax.default_backend()]
-        platforms = tuple(known)
-        self._platform_cache = (now + _PLATFORMS_TTL_SECONDS, platforms)
-        return platforms

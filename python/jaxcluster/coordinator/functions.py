@@ -59,17 +59,22 @@ _SCALARS = (bool, int, float, complex)
 class SerializedFunction:
     """A function as the workers receive it: content hash, kind and payload bytes.
 
-    ``note`` says why a ``jax.jit`` function was cloudpickled instead of exported.
+    ``note`` says why a ``jax.jit`` function was cloudpickled instead of exported. An
+    export also records what it needs of a worker: ``devices`` (its ``nr_devices``: the
+    size of the mesh its shardings span) and the ``platforms`` it was lowered for.
     """
 
     function_hash: bytes
     kind: str
     payload: bytes
     note: str = ""
+    devices: int = 1
+    platforms: tuple[str, ...] = ()
+    name: str = ""
 
     @classmethod
-    def of(cls, kind: str, payload: bytes, note: str = "") -> SerializedFunction:
-        return cls(wire.content_hash(payload), kind, payload, note)
+    def of(cls, kind: str, payload: bytes, note: str = "", **needs: Any) -> SerializedFunction:
+        return cls(wire.content_hash(payload), kind, payload, note, **needs)
 
 
 _jit_types: dict[type, bool] = {}
@@ -281,7 +286,13 @@ def _export(fn: Any, specs: Any, platforms: Sequence[str]) -> SerializedFunction
     arg_specs, kwarg_specs = specs
     jitted = fn if is_jitted(fn) else jax.jit(fn)
     exported = export.export(jitted, platforms=tuple(platforms))(*arg_specs, **kwarg_specs)
-    return SerializedFunction.of(KIND_JAX_EXPORT, bytes(exported.serialize()))
+    return SerializedFunction.of(
+        KIND_JAX_EXPORT,
+        bytes(exported.serialize()),
+        devices=int(exported.nr_devices),
+        platforms=tuple(exported.platforms),
+        name=str(exported.fun_name),
+    )
 
 
 def pickle_function(fn: Callable[..., Any]) -> SerializedFunction:

@@ -49,7 +49,76 @@ def _load_jax_export(payload: bytes) -> Callable[..., Any]:
             f"the function was exported for platforms {list(exported.platforms)} but this "
             f"worker runs on {platform!r}; export it with platforms=[{platform!r}]"
         )
-    return exported.call  # type: ignore[no-any-return]
+    if exported.nr_devices == 1:
+        return exported.call  # type: ignore[no-any-return]
+    return _sharded_call(exported, jax)
+
+
+def _sharded_call(exported: Any, jax: Any) -> Callable[..., Any]:
+    """``exported.call`` over this worker's first ``nr_devices`` local devices, with the
+    exported input and output shardings: arguments arriving as host arrays are placed
+    (sharded) by ``jit``; device-resident arguments already sharded that way are not
+    copied.
+
+    The worker's own devices, in ``jax.local_devices()`` order, stand in for the
+    coordinator's (see :func:`_worker_mesh`).
+    """
+    import numpy as np
+    from jax.sharding import Mesh
+
+    needed = exported.nr_devices
+    devices = list(jax.local_devices())
+    if len(devices) < needed:
+        raise FunctionLoadError(
+            f"{exported.fun_name} was exported for {needed} devices but this worker has "
+            f"{len(devices)} {jax.default_backend()} device(s)"
+        )
+    mesh = _worker_mesh(exported, devices[:needed], Mesh, np)
+    in_shardings = tuple(exported.in_shardings_jax(mesh))
+    out_shardings = tuple(exported.out_shardings_jax(mesh))
+    in_tree, out_tree = exported.in_tree, exported.out_tree
+
+    def flat_call(*flat_args: Any) -> Any:
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat_args)
+        return exported.call(*args, **kwargs)
+
+    options: dict[str, Any] = {"in_shardings": in_shardings}
+    if all(s is not None for s in out_shardings):  # else jit chooses, as the export did
+        options["out_shardings"] = jax.tree_util.tree_unflatten(out_tree, out_shardings)
+    jitted = jax.jit(flat_call, **options)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return jitted(*jax.tree_util.tree_leaves((args, kwargs)))
+
+    call.__name__ = call.__qualname__ = str(exported.fun_name)
+    return call
+
+
+def _worker_mesh(exported: Any, devices: list[Any], mesh_type: Any, np: Any) -> Any:
+    """A mesh of ``devices`` the export's shardings can be placed on.
+
+    Exports by recent JAX record ``NamedSharding``s over the (abstract) mesh the function
+    was lowered with, and only accept a mesh of the same axis names, sizes and types: the
+    worker builds that one over its devices. Older exports record HLO shardings over device
+    positions ``0..n-1``, which fit any mesh of ``n`` devices. (JAX keeps the named
+    shardings in private fields of ``Exported``; without them the HLO path is taken.)
+    """
+    named = [
+        s
+        for s in (
+            *getattr(exported, "_in_named_shardings", ()),
+            *getattr(exported, "_out_named_shardings", ()),
+        )
+        if s is not None
+    ]
+    if getattr(exported, "_has_named_shardings", False) and named:
+        abstract = named[0].mesh
+        grid = np.array(devices).reshape(tuple(abstract.axis_sizes))
+        try:
+            return mesh_type(grid, tuple(abstract.axis_names), axis_types=abstract.axis_types)
+        except TypeError:  # a JAX whose Mesh takes no axis types
+            return mesh_type(grid, tuple(abstract.axis_names))
+    return mesh_type(np.array(devices), ("jaxcluster_devices",))
 
 
 _LOADERS: dict[str, Callable[[bytes], Callable[..., Any]]] = {
