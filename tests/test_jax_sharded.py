@@ -154,7 +154,7 @@ def test_a_function_for_another_platform_is_refused_naming_both() -> None:
     with pytest.raises(errors.InvalidArgumentError, match=r"step was exported for .*cpu.*'tpu'"):
         facts.check(_export(1, ("cpu",)))
     facts.check(_export(8, ("tpu",)))  # fits: no error
-    with pytest.raises(errors.InvalidArgumentError, match="needs 16 devices.*has 8"):
+    with pytest.raises(errors.InvalidArgumentError, match=r"needs 16 devices.*has 8"):
         facts.check(_export(16, ("tpu",)))
     # A cloudpickled function carries no device needs, and a silent worker proves nothing.
     facts.check(SerializedFunction(b"h" * 32, "cloudpickle", b""))
