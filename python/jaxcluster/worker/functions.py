@@ -58,14 +58,9 @@ def _sharded_call(exported: Any, jax: Any) -> Callable[..., Any]:
     """``exported.call`` over this worker's first ``nr_devices`` local devices, with the
     exported input and output shardings: arguments arriving as host arrays are placed
     (sharded) by ``jit``; device-resident arguments already sharded that way are not
-    copied.
-
-    The worker's own devices, in ``jax.local_devices()`` order, stand in for the
-    coordinator's (see :func:`_worker_mesh`).
+    copied. The worker's own devices, in ``jax.local_devices()`` order, stand in for the
+    coordinator's (see :func:`_shardings`).
     """
-    import numpy as np
-    from jax.sharding import Mesh
-
     needed = exported.nr_devices
     devices = list(jax.local_devices())
     if len(devices) < needed:
@@ -73,9 +68,7 @@ def _sharded_call(exported: Any, jax: Any) -> Callable[..., Any]:
             f"{exported.fun_name} was exported for {needed} devices but this worker has "
             f"{len(devices)} {jax.default_backend()} device(s)"
         )
-    mesh = _worker_mesh(exported, devices[:needed], Mesh, np)
-    in_shardings = tuple(exported.in_shardings_jax(mesh))
-    out_shardings = tuple(exported.out_shardings_jax(mesh))
+    in_shardings, out_shardings = _shardings(exported, devices[:needed], jax)
     in_tree, out_tree = exported.in_tree, exported.out_tree
 
     def flat_call(*flat_args: Any) -> Any:
@@ -94,15 +87,18 @@ def _sharded_call(exported: Any, jax: Any) -> Callable[..., Any]:
     return call
 
 
-def _worker_mesh(exported: Any, devices: list[Any], mesh_type: Any, np: Any) -> Any:
-    """A mesh of ``devices`` the export's shardings can be placed on.
+def _shardings(exported: Any, devices: list[Any], jax: Any) -> tuple[tuple[Any, ...], ...]:
+    """The export's input and output shardings over ``devices``.
 
     Exports by recent JAX record ``NamedSharding``s over the (abstract) mesh the function
-    was lowered with, and only accept a mesh of the same axis names, sizes and types: the
-    worker builds that one over its devices. Older exports record HLO shardings over device
-    positions ``0..n-1``, which fit any mesh of ``n`` devices. (JAX keeps the named
-    shardings in private fields of ``Exported``; without them the HLO path is taken.)
+    was lowered with, and accept only a mesh of the same axis names, sizes and types: the
+    worker builds that mesh over its devices. Older exports record HLO shardings over
+    device positions ``0..n-1``, which apply to ``devices`` as they are. (JAX keeps the
+    named shardings in private fields of ``Exported``; without them the HLO path is taken.)
     """
+    import numpy as np
+    from jax.sharding import Mesh
+
     named = [
         s
         for s in (
@@ -115,10 +111,18 @@ def _worker_mesh(exported: Any, devices: list[Any], mesh_type: Any, np: Any) -> 
         abstract = named[0].mesh
         grid = np.array(devices).reshape(tuple(abstract.axis_sizes))
         try:
-            return mesh_type(grid, tuple(abstract.axis_names), axis_types=abstract.axis_types)
+            mesh = Mesh(grid, tuple(abstract.axis_names), axis_types=abstract.axis_types)
         except TypeError:  # a JAX whose Mesh takes no axis types
-            return mesh_type(grid, tuple(abstract.axis_names))
-    return mesh_type(np.array(devices), ("jaxcluster_devices",))
+            mesh = Mesh(grid, tuple(abstract.axis_names))
+        return tuple(exported.in_shardings_jax(mesh)), tuple(exported.out_shardings_jax(mesh))
+    gspmd = getattr(jax.sharding, "GSPMDSharding", None)
+    if gspmd is None:  # pragma: no cover - a JAX without it records named shardings
+        from jax._src.sharding_impls import GSPMDSharding as gspmd
+
+    def convert(hlo_shardings: Any) -> tuple[Any, ...]:
+        return tuple(None if h is None else gspmd(devices, h) for h in hlo_shardings)
+
+    return convert(exported.in_shardings_hlo), convert(exported.out_shardings_hlo)
 
 
 _LOADERS: dict[str, Callable[[bytes], Callable[..., Any]]] = {
