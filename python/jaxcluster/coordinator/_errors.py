@@ -56,6 +56,19 @@ def rebuild_exception(error: Any) -> BaseException:
         _add_note(exc, f"{where} Remote traceback:\n{traceback}" if traceback else where)
         return exc
     module, type_name = error.module, error.type_name
+    own = getattr(errors, type_name, None) if module == errors.__name__ else None
+    if isinstance(own, type) and issubclass(own, errors.JaxClusterError):
+        # One of ours, made by the dispatcher (e.g. a per-worker value lost with its
+        # worker): its class exists here, so it comes back as itself when it can be made
+        # from a message (the wrapper classes need an exception instead).
+        try:
+            rebuilt = own(error.message)
+        except TypeError:
+            rebuilt = None
+        if rebuilt is not None:
+            if error.worker:
+                _add_note(rebuilt, f"Raised{_where(error)}.")
+            return rebuilt
     qualified = type_name if module in ("", "builtins") else f"{module}.{type_name}"
     message = error.message
     if error.worker:
