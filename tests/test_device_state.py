@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxcluster import errors
-from jaxcluster.coordinator import ClusterCoordinator, DeviceState, RemoteValueStatus
+from jaxcluster.coordinator import DeviceState, RemoteValueStatus
 from support.closures import local_cluster, wait_until, worker_status
 
 jax = pytest.importorskip("jax")
@@ -77,7 +77,7 @@ def test_200_closures_train_without_the_parameters_crossing_the_wire(cluster: An
             + a["closure_bytes_sent"]
             - b["closure_bytes_received"]
             - b["closure_bytes_sent"]
-            for a, b in zip(after, before)
+            for a, b in zip(after, before, strict=True)
         )
         # 200 steps of 60 MB parameters would be 12 GB each way; a scalar in, three
         # ints out per closure is a few hundred bytes.
