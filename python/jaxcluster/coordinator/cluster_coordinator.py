@@ -188,7 +188,7 @@ class ClusterCoordinator:
         self._worker_facts.check(function)
         self._register(function)
         cell = self._dispatcher.schedule(function.function_hash, pickled, buffers, resources)
-        return RemoteValue(cell)
+        return RemoteValue(cell, function.origin)
 
     def join(self, timeout: float | None = None) -> bool:
         """Waits until every scheduled closure has ended; ``False`` if ``timeout`` passed.
