@@ -616,11 +616,14 @@ class Dispatcher:
         closure is cancelled with the rest (as TF does). ``ValueError`` for an unknown
         function or a released resource; ``RuntimeError`` after :meth:`shutdown`."""
 
-    def create_resource(self, function_hash: bytes) -> PerWorkerResource:
+    def create_resource(self, function_hash: bytes, *, rebuild: bool = True) -> PerWorkerResource:
         """Builds a per-worker resource: each worker runs the registered function (no
         arguments) and keeps the result, ahead of the closures queued after this call.
         Returns at once; never raises the function's error (a closure using a resource whose
-        build failed on its worker fails with ``ClosureInputError``)."""
+        build failed on its worker fails with ``ClosureInputError``). With ``rebuild`` a
+        worker that failed or restarted builds it again when it returns; without, it is
+        ``'lost'`` there and closures using it there fail with ``ClosureInputError``
+        around an ``AbortedError``."""
 
     def join(self, timeout: float | None = None) -> bool:
         """Waits until nothing is queued or running: ``True``, or ``False`` when
@@ -687,9 +690,10 @@ class PerWorkerResource:
     def resource_id(self) -> int:
         """What closure arguments carry (``wire.ResourceRef(resource_id)``)."""
 
-    def state(self, worker: int) -> Literal["pending", "ready", "failed", "aborted"]:
+    def state(self, worker: int) -> Literal["pending", "ready", "failed", "aborted", "lost"]:
         """The resource's state on ``worker`` (``IndexError`` when out of range); aborted
-        when lost with its worker (rebuilt when it returns) or released."""
+        when lost with its worker (rebuilt when it returns) or released; lost when lost
+        with its worker and created with ``rebuild=False``."""
 
     def release(self) -> None:
         """Releases it on every worker now; later schedules with it raise ``ValueError``.

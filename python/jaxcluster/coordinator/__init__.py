@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from jaxcluster._native import core as _core
 from jaxcluster.coordinator.cluster_coordinator import ClusterCoordinator as ClusterCoordinator
+from jaxcluster.coordinator.device_state import DeviceState as DeviceState
+from jaxcluster.coordinator.device_state import PerWorkerState as PerWorkerState
 from jaxcluster.coordinator.per_worker import PerWorkerValue as PerWorkerValue
 from jaxcluster.coordinator.per_worker import PerWorkerValues as PerWorkerValues
 from jaxcluster.coordinator.remote_value import RemoteValue as RemoteValue
@@ -31,6 +33,8 @@ ClosureQueue = _core.ClosureQueue
 __all__ = [
     "ClosureQueue",
     "ClusterCoordinator",
+    "DeviceState",
+    "PerWorkerState",
     "PerWorkerValue",
     "PerWorkerValues",
     "RemoteValue",
