@@ -146,6 +146,7 @@ class WorkerServer:
         devices: Sequence[tuple[str, str]] = ...,
         jax_version: str = ...,
         platform: str = ...,
+        device_kind: str = ...,
         tls_cert: bytes | None = None,
         tls_key: bytes | None = None,
     ) -> Self:
@@ -153,8 +154,8 @@ class WorkerServer:
 
         Raises ``ValueError`` for a bad setting, including a non-loopback address without
         ``auth_token``, and ``OSError`` when the address cannot be bound. ``devices`` are
-        ``(tf_name, device_type)`` pairs reported by ``ListDevices``; ``max_message_bytes``
-        defaults to 64 MiB.
+        ``(tf_name, device_type)`` pairs reported by ``ListDevices``; ``device_kind`` (e.g.
+        ``"TPU v4"``) is reported by ``GetStatus``; ``max_message_bytes`` defaults to 64 MiB.
         """
 
     @property
