@@ -225,6 +225,9 @@ fn positive_seconds(text: &str) -> Option<Duration> {
 /// Parses the variable `name` if set and not blank: `none` (any case) is `Some(None)`,
 /// anything `parse` accepts is `Some(Some(value))`, the rest is refused saying what is
 /// expected.
+// The three cases are the variable's own (unset, `none`, a bound), each meaning something
+// different to the caller; the nesting reads as exactly that.
+#[allow(clippy::option_option)]
 fn optional_var<V>(
     lookup: &impl Fn(&str) -> Option<String>,
     name: &str,

@@ -18,7 +18,7 @@
 //! # How each died
 //!
 //! The link records what it saw (the stream's error, or the silence). How the process
-//! ended is known only to whoever started it: a worker started by LocalCluster, or by a
+//! ended is known only to whoever started it: a worker started by `LocalCluster`, or by a
 //! supervisor that sets `JAXCLUSTER_PREVIOUS_EXIT`, reports its predecessor's exit status
 //! or signal in `GetStatus.previous_exit`. The link reads it when the worker answers again
 //! and fills it into every death it recorded for that address; a closure that reached its

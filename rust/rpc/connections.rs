@@ -478,15 +478,13 @@ impl Stream for Incoming {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(Ok((io, remote))) => {
                     this.next_pause = ACCEPT_BACKOFF.0;
-                    match this.admission.admit() {
-                        Some(state) => return Poll::Ready(Some(Ok(this.guard(io, remote, state)))),
-                        None => {
-                            // Full of authenticated connections: close this one now rather
-                            // than leave it hanging in the backlog.
-                            this.admission.dropped();
-                            drop(io);
-                        }
+                    if let Some(state) = this.admission.admit() {
+                        return Poll::Ready(Some(Ok(this.guard(io, remote, state))));
                     }
+                    // Full of authenticated connections: close this one now rather than
+                    // leave it hanging in the backlog.
+                    this.admission.dropped();
+                    drop(io);
                 }
                 Poll::Ready(Err(error)) if is_per_connection(&error) => {}
                 Poll::Ready(Err(error)) => {

@@ -72,6 +72,8 @@ pub struct WorkerConfig {
     pub jax_version: String,
     /// Reported by `GetStatus` (`cpu`, `gpu`, `tpu`).
     pub platform: String,
+    /// Reported by `GetStatus`: the devices' `device_kind` (e.g. `"TPU v5 lite"`).
+    pub device_kind: String,
     /// Serve TLS with this certificate and key; plaintext when `None`.
     pub tls: Option<crate::rpc::tls::ServerTls>,
     /// Connections, streams per connection, and the time to authenticate.
@@ -93,6 +95,7 @@ impl Default for WorkerConfig {
             devices: Vec::new(),
             jax_version: String::new(),
             platform: String::new(),
+            device_kind: String::new(),
             tls: None,
             limits: ServerLimits::default(),
             max_function_bytes: store::DEFAULT_MAX_FUNCTION_BYTES,
@@ -164,6 +167,7 @@ impl WorkerServer {
             jax_version: config.jax_version,
             platform: config.platform,
             devices: config.devices,
+            device_kind: config.device_kind,
             max_message_bytes: limit,
             store: FunctionStore::new(config.max_function_bytes),
             queue: Arc::new(JobQueue::new(Arc::clone(&counters), config.worker_index)),
