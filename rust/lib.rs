@@ -20,9 +20,14 @@ mod py;
 #[cfg(feature = "python")]
 use pyo3::prelude::*;
 
-/// The `jaxcluster._core` extension module: registers the bindings, nothing else.
+/// The `jaxcluster._core` extension module: registers the bindings, and routes the core's
+/// log events to Python's `logging` (a `tracing` target such as `jaxcluster.dispatch` is
+/// the logger's name; levels are read from Python and cached by pyo3-log).
 #[cfg(feature = "python")]
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // Fails only if a logger is already installed (the module imported twice in one
+    // process, e.g. by a sub-interpreter): events then go to that one.
+    let _ = pyo3_log::try_init();
     py::register(m)
 }

@@ -7,6 +7,7 @@ executions by processes that died or froze too.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -60,7 +61,10 @@ def _supervised(cluster: Any) -> Iterator[None]:
         thread.join(timeout=120)
 
 
-def test_a_closure_that_kills_its_workers_fails_after_max_closure_retries(tmp_path: Path) -> None:
+def test_a_closure_that_kills_its_workers_fails_after_max_closure_retries(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="jaxcluster")
     with (
         local_cluster(2) as cluster,
         _supervised(cluster),
@@ -76,6 +80,17 @@ def test_a_closure_that_kills_its_workers_fails_after_max_closure_retries(tmp_pa
         assert any(address in message for address in cluster.addresses), message
         # LocalCluster tells each restarted worker how its predecessor ended.
         assert "exit status 3" in message, message
+        # Each death was logged, under the jaxcluster logger hierarchy.
+        retries = [
+            r
+            for r in caplog.records
+            if r.name == "jaxcluster.dispatch"
+            and r.levelno == logging.WARNING
+            and "max_closure_retries=2" in r.getMessage()
+        ]
+        assert len(retries) == 3, [r.getMessage() for r in caplog.records]
+        failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+        assert any("(poison) was run 3 times" in r.getMessage() for r in failed), failed
         # The workers serve everything else.
         squares = [coordinator.schedule(counted_square, args=(str(tmp_path), i)) for i in range(8)]
         assert coordinator.fetch(squares) == [i * i for i in range(8)]
@@ -150,7 +165,10 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_a_cluster_never_reached_fails_fast_naming_every_address() -> None:
+def test_a_cluster_never_reached_fails_fast_naming_every_address(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="jaxcluster")
     addresses = [f"127.0.0.1:{_closed_port()}", "no-such-host.invalid:8470"]
     resolver = SimpleClusterResolver(ClusterSpec({"worker": addresses}))
     start = time.monotonic()
@@ -168,3 +186,7 @@ def test_a_cluster_never_reached_fails_fast_naming_every_address() -> None:
             coordinator.schedule(counted_square, args=("/nonexistent", 3))
         with pytest.raises(UnavailableError):
             coordinator.join()
+    # Each unreachable worker was logged when it first failed to answer.
+    logged = " ".join(r.getMessage() for r in caplog.records if r.name == "jaxcluster.dispatch")
+    for address in addresses:
+        assert address in logged, logged
