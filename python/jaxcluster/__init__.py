@@ -15,6 +15,7 @@ Heavy parts (JAX, the Kubernetes and Google clients, worker processes) load on f
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from jaxcluster._native import __version__ as __version__
@@ -27,6 +28,10 @@ _LAZY: dict[str, str] = {
     "ParameterServerStrategy": "jaxcluster.strategy",
     "initialize": "jaxcluster.distributed",
 }
+
+# A library's loggers stay quiet until the application configures logging (the core's events,
+# e.g. closure retries, arrive under jaxcluster.dispatch and jaxcluster.server).
+logging.getLogger("jaxcluster").addHandler(logging.NullHandler())
 
 __all__ = [
     "ClusterSpec",
