@@ -10,7 +10,9 @@ use super::blocking::interrupted;
 use super::client::status_dict;
 use super::errors::new_error;
 use super::outcome::PyClosureError;
-use crate::dispatch::{ClosureFailure, DispatchError, MetricsSnapshot, WorkerSnapshot};
+use crate::dispatch::{
+    ClosureFailure, DispatchError, LatencySnapshot, MetricsSnapshot, WorkerSnapshot,
+};
 
 /// The one mapping from dispatcher errors to Python exceptions.
 pub(super) fn dispatch_error(py: Python<'_>, error: DispatchError) -> PyErr {
@@ -63,15 +65,25 @@ pub(super) fn metrics_dict<'py>(
         workers.append(w)?;
     }
     d.set_item("workers", workers)?;
-    let latency = PyDict::new(py);
-    latency.set_item("bounds", &m.latency.bounds)?;
-    latency.set_item("counts", &m.latency.counts)?;
-    latency.set_item("count", m.latency.count)?;
-    latency.set_item("sum", m.latency.sum)?;
-    latency.set_item("max", m.latency.max)?;
-    latency.set_item("p50", m.latency.quantile(0.5))?;
-    latency.set_item("p99", m.latency.quantile(0.99))?;
+    let latency = latency_dict(py, &m.latency)?;
     d.set_item("latency", latency)?;
+    Ok(d)
+}
+
+/// A latency histogram as a dict: `bounds` (seconds), `counts` (one per bound, then the
+/// overflow bucket), `count`, `sum`, `max`, `p50`, `p99`.
+pub(super) fn latency_dict<'py>(
+    py: Python<'py>,
+    latency: &LatencySnapshot,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bounds", &latency.bounds)?;
+    d.set_item("counts", &latency.counts)?;
+    d.set_item("count", latency.count)?;
+    d.set_item("sum", latency.sum)?;
+    d.set_item("max", latency.max)?;
+    d.set_item("p50", latency.quantile(0.5))?;
+    d.set_item("p99", latency.quantile(0.99))?;
     Ok(d)
 }
 

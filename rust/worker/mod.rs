@@ -149,6 +149,7 @@ impl WorkerServer {
             queue: Arc::new(JobQueue::new(Arc::clone(&counters), config.worker_index)),
             stats: Arc::clone(&counters),
             started: Instant::now(),
+            incarnation: crate::rpc::new_incarnation(),
         });
         let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&state)))
             .max_decoding_message_size(limit)
@@ -201,6 +202,11 @@ impl WorkerServer {
     /// The `GetStatus` answer right now.
     pub fn status(&self) -> pb::GetStatusResponse {
         self.state.status()
+    }
+
+    /// How long closures ran here (executor taking one to its answer), for metrics.
+    pub fn execution_times(&self) -> crate::histogram::LatencySnapshot {
+        self.state.stats.execution.snapshot()
     }
 
     /// Closes the listener and returns the serving task, which ends once in-flight RPCs
