@@ -12,3 +12,5 @@ pub const DISPATCH: &str = "jaxcluster.dispatch";
 pub const WORKER: &str = "jaxcluster.worker";
 /// A parameter-server task.
 pub const PS: &str = "jaxcluster.ps";
+/// A server's token check (workers and ps tasks): refused requests.
+pub const AUTH: &str = "jaxcluster.auth";

@@ -186,7 +186,25 @@ impl WorkerServer {
     /// Stops taking closures; queued ones are answered `UNAVAILABLE`. Returns `false` if
     /// shutdown had already begun.
     pub fn begin_shutdown(&self) -> bool {
-        self.state.queue.begin_drain()
+        let (queued, inflight) = self.state.queue.depth();
+        if !self.state.queue.begin_drain() {
+            return false;
+        }
+        // Logged from the runtime, not from the caller: that is often a signal handler,
+        // where Python's logging must not run.
+        let index = self.state.worker_index;
+        let address = self.local_addr;
+        if let Ok(runtime) = crate::runtime::runtime() {
+            runtime.spawn(async move {
+                tracing::info!(
+                    target: crate::log_target::WORKER,
+                    "worker {index} on {address} is draining: new closures are refused \
+                     (coordinators run them elsewhere), {queued} queued closure(s) handed \
+                     back, {inflight} running to finish",
+                );
+            });
+        }
+        true
     }
 
     /// Whether shutdown has begun.
