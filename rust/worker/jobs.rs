@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tonic::Status;
 
-use super::stats::Stats;
+use super::stats::{value_bytes, Stats};
 use super::store::StoredFunction;
 use super::stream::ClosureStream;
 use crate::rpc::pb;
@@ -213,7 +213,11 @@ fn count_reply(stats: &Stats, reply: &JobReply) {
                 None => {
                     stats.closures_failed.fetch_add(1, Ordering::Relaxed);
                 }
-                Some(_) => {}
+                Some(pb::run_closure_response::Outcome::Result(value)) => {
+                    stats
+                        .bytes_sent
+                        .fetch_add(value_bytes(value), Ordering::Relaxed);
+                }
             }
         }
         JobReply::CreateResource(response) => {

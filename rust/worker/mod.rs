@@ -71,6 +71,8 @@ pub struct WorkerConfig {
     pub jax_version: String,
     /// Reported by `GetStatus` (`cpu`, `gpu`, `tpu`).
     pub platform: String,
+    /// Reported by `GetStatus`: the devices' `device_kind` (e.g. `"TPU v5 lite"`).
+    pub device_kind: String,
     /// Serve TLS with this certificate and key; plaintext when `None`.
     pub tls: Option<crate::rpc::tls::ServerTls>,
 }
@@ -85,6 +87,7 @@ impl Default for WorkerConfig {
             devices: Vec::new(),
             jax_version: String::new(),
             platform: String::new(),
+            device_kind: String::new(),
             tls: None,
         }
     }
@@ -144,6 +147,7 @@ impl WorkerServer {
             jax_version: config.jax_version,
             platform: config.platform,
             devices: config.devices,
+            device_kind: config.device_kind,
             max_message_bytes: limit,
             store: FunctionStore::default(),
             queue: Arc::new(JobQueue::new(Arc::clone(&counters), config.worker_index)),

@@ -10,7 +10,7 @@ from typing import Any
 from jaxcluster import errors, wire
 from jaxcluster._native import core
 from jaxcluster.coordinator import _encoding
-from jaxcluster.coordinator._errors import build_exception
+from jaxcluster.coordinator._errors import add_note, build_exception
 
 __all__ = ["RemoteValue", "RemoteValueStatus"]
 
@@ -56,13 +56,17 @@ class RemoteValue:
         rv.status                    # RemoteValueStatus.READY
     """
 
-    __slots__ = ("__weakref__", "_cell", "_coordinator", "_error", "_lock", "_value")
+    __slots__ = ("__weakref__", "_cell", "_coordinator", "_error", "_lock", "_origin", "_value")
 
-    def __init__(self, cell: Any, coordinator: Callable[[], Any] | None = None) -> None:
+    def __init__(
+        self, cell: Any, coordinator: Callable[[], Any] | None = None, origin: str = ""
+    ) -> None:
         self._cell = cell
         # A weak reference to the coordinator (called, it gives the coordinator or None),
         # asked why a result is late.
         self._coordinator = coordinator
+        # Where an exported function was defined: its remote traceback cannot say.
+        self._origin = origin
         self._lock = threading.Lock()
         self._value: Any = _UNSET
         self._error: BaseException | None = None
@@ -116,6 +120,11 @@ class RemoteValue:
             result = self._cell.result()
             if isinstance(result, ClosureError):
                 self._error = build_exception(result)
+                if self._origin and result.kind in ("user", "function_load"):
+                    add_note(
+                        self._error,
+                        "The function ran on the worker as a jax.export of:\n" + self._origin,
+                    )
             else:
                 try:
                     self._value = wire.decode(result.pickle, result.buffers)

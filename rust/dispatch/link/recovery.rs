@@ -67,7 +67,7 @@ impl<T: WorkerTransport> Link<T> {
         self.recovering_since = Instant::now();
         self.shared.links[self.index].set(LinkState::Recovering, Some(reason.to_owned()));
         for resource in self.shared.resources.live() {
-            resource.set_state(self.index, ResourceState::Aborted);
+            resource.worker_failed(self.index, self.address(), reason);
         }
         tracing::warn!(
             target: DISPATCH,
@@ -260,10 +260,10 @@ impl<T: WorkerTransport> Link<T> {
             worker_index = self.index,
             "{reason}; closures run on the other workers from now on",
         );
-        self.shared.links[self.index].set(LinkState::GivenUp, Some(reason));
         for resource in self.shared.resources.live() {
-            resource.set_state(self.index, ResourceState::Aborted);
+            resource.worker_failed(self.index, self.address(), &reason);
         }
+        self.shared.links[self.index].set(LinkState::GivenUp, Some(reason));
         self.shared.given_up.send_modify(|count| *count += 1);
         let links = self.shared.links.len();
         if *self.shared.given_up.borrow() >= links {
