@@ -28,8 +28,8 @@ from jaxcluster.coordinator.structure import map_structure
 __all__ = ["ClusterCoordinator"]
 
 _ERROR_POLICIES = ("cancel_all", "per_closure")
-# `workers`: GetStatus answers older than this are asked for again (each bounded by it).
-_WORKERS_TTL_SECONDS = 1.0
+# `workers`: each up worker is asked for a fresh GetStatus, bounded by this.
+_WORKERS_STATUS_TIMEOUT_SECONDS = 1.0
 _log = logging.getLogger("jaxcluster.coordinator")
 
 
@@ -311,12 +311,13 @@ class ClusterCoordinator:
         worker reports about itself (``closures_run``, ``closures_failed``,
         ``uptime_seconds``, ``jaxcluster_version``, ``platform``, ``incarnation``, ...).
 
-        Live: the workers that are up and whose last report is older than one second
-        are asked again first, all at once, each for at most one second (so reading this
-        costs nothing more than that, and nothing polls the workers while nobody reads).
+        Live: every worker that is up is asked for a fresh report first, all at once, each
+        for at most one second (one small RPC per worker per read; nothing polls the
+        workers while nobody reads). A worker that does not answer in time keeps its last
+        report; ``metrics()`` is the no-RPC view.
         """
         if not self._closed:
-            self._dispatcher.refresh_statuses(_WORKERS_TTL_SECONDS, _WORKERS_TTL_SECONDS)
+            self._dispatcher.refresh_statuses(0.0, _WORKERS_STATUS_TIMEOUT_SECONDS)
         return list(self._dispatcher.worker_statuses())
 
     @property

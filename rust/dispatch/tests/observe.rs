@@ -13,7 +13,7 @@ fn rebuilt_after_an_unnoticed_restart(cluster: &FakeCluster) -> Dispatcher {
     let dispatcher = start(cluster, fast_config());
     let make = function(&dispatcher, "resource");
     let echo = function(&dispatcher, "echo");
-    let resource = dispatcher.create_resource(&make).unwrap();
+    let resource = dispatcher.create_resource(&make, true).unwrap();
     wait_until("built", || resource.state(0) == ResourceState::Ready);
     assert_eq!(
         value(&dispatcher.schedule(&echo, args("warm"), &[]).unwrap()),
