@@ -44,7 +44,7 @@ def test_a_failed_closure_is_yielded_and_raises_on_fetch(coordinator: Any) -> No
 
 
 def test_only_remote_values_are_taken() -> None:
-    with pytest.raises(TypeError, match="RemoteValues.*got int"):
+    with pytest.raises(TypeError, match=r"RemoteValues.*got int"):
         list(jaxcluster.progress([1, 2]))
 
 

@@ -420,4 +420,3 @@ class ClusterCoordinator:
             "fetch again, or call join() first"
         )
         return hint + (f"; not serving: {troubles}" if down else "")
-
