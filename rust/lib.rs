@@ -8,6 +8,8 @@
 
 pub mod device;
 pub mod dispatch;
+pub mod histogram;
+pub mod log_target;
 pub mod ps;
 pub mod queue;
 pub mod rpc;
@@ -20,14 +22,9 @@ mod py;
 #[cfg(feature = "python")]
 use pyo3::prelude::*;
 
-/// The `jaxcluster._core` extension module: registers the bindings, and routes the core's
-/// log events to Python's `logging` (a `tracing` target such as `jaxcluster.dispatch` is
-/// the logger's name; levels are read from Python and cached by pyo3-log).
+/// The `jaxcluster._core` extension module: registers the bindings, nothing else.
 #[cfg(feature = "python")]
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    // Fails only if a logger is already installed (the module imported twice in one
-    // process, e.g. by a sub-interpreter): events then go to that one.
-    let _ = pyo3_log::try_init();
     py::register(m)
 }

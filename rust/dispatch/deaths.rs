@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use super::closure::Closure;
 use super::failure::{ClosureFailure, FailureKind};
+use super::status::Incarnation;
 
 /// How long a closure that reached `max_closure_retries` waits for its last worker to
 /// answer again (and say how its predecessor ended) before failing with what is known.
@@ -50,29 +51,34 @@ pub(crate) struct Death {
     pub observed: String,
     /// When the link saw it.
     pub at: Instant,
-    /// The worker process the link knew when it died (`GetStatus.pid`), to tell a restart
+    /// The worker process the link knew when it died (its incarnation), to tell a restart
     /// from a freeze when the worker answers again.
-    pub pid: Option<u64>,
+    pub incarnation: Option<Incarnation>,
     /// How the process ended, once known (see the module documentation).
     ended: OnceLock<String>,
 }
 
 impl Death {
-    pub fn new(index: usize, worker: &str, observed: &str, pid: Option<u64>) -> Arc<Self> {
+    pub fn new(
+        index: usize,
+        worker: &str,
+        observed: &str,
+        incarnation: Option<Incarnation>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             index,
             worker: worker.to_owned(),
             observed: observed.to_owned(),
             at: Instant::now(),
-            pid,
+            incarnation,
             ended: OnceLock::new(),
         })
     }
 
-    /// Explains the death from the worker's next `GetStatus` answer (`pid`,
+    /// Explains the death from the worker's next `GetStatus` answer (its incarnation and
     /// `previous_exit`).
-    pub fn explain(&self, pid: u64, previous_exit: &str) {
-        let restarted = self.pid.is_some_and(|then| then != pid);
+    pub fn explain(&self, now: Incarnation, previous_exit: &str) {
+        let restarted = self.incarnation.is_some_and(|then| then != now);
         self.ended(how_it_ended(restarted, previous_exit));
     }
 
@@ -153,10 +159,15 @@ mod tests {
 
     #[test]
     fn a_death_says_what_was_seen_and_how_it_ended_once_known() {
-        let death = Death::new(1, "h:2", "the stream broke: connection reset", Some(7));
+        let death = Death::new(
+            1,
+            "h:2",
+            "the stream broke: connection reset",
+            Some(Incarnation::Random(7)),
+        );
         assert!(!death.is_explained());
         assert!(death.describe().contains("unknown"), "{}", death.describe());
-        death.explain(8, "killed by signal 9 (SIGKILL)");
+        death.explain(Incarnation::Random(8), "killed by signal 9 (SIGKILL)");
         death.ended("ignored".to_owned());
         let text = death.describe();
         assert!(
@@ -170,9 +181,14 @@ mod tests {
     }
 
     #[test]
-    fn the_same_pid_answering_again_was_a_freeze() {
-        let death = Death::new(0, "h:1", "sent nothing for 5.0 s", Some(7));
-        death.explain(7, "");
+    fn the_same_incarnation_answering_again_was_a_freeze() {
+        let death = Death::new(
+            0,
+            "h:1",
+            "sent nothing for 5.0 s",
+            Some(Incarnation::Random(7)),
+        );
+        death.explain(Incarnation::Random(7), "");
         assert!(
             death.describe().contains("frozen or cut off"),
             "{}",

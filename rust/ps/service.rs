@@ -27,6 +27,10 @@ pub struct PsStats {
     pub unauthenticated: Arc<AtomicU64>,
     /// Requests refused as malformed, mismatched, unknown or oversized.
     pub rejected: AtomicU64,
+    /// Tensor bytes sent in answers (reads, `read_value` of updates).
+    pub bytes_read: AtomicU64,
+    /// Tensor bytes received in updates and new variables.
+    pub bytes_written: AtomicU64,
 }
 
 /// State shared by the service and the server handle.
@@ -72,6 +76,8 @@ impl PsShared {
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             connections_open: load(&self.connections.open),
             connections_dropped: load(&self.connections.dropped),
+            bytes_read: load(&self.stats.bytes_read),
+            bytes_written: load(&self.stats.bytes_written),
         }
     }
 
@@ -112,6 +118,9 @@ impl PsShared {
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let (version, value) = result.map_err(|e| self.store_error(&e))?;
         count(&self.stats.updates, 1);
+        if let Some(value) = &value {
+            count(&self.stats.bytes_read, value.data.len() as u64);
+        }
         self.sized(pb::UpdateResponse { version, value }, "the updated value")
     }
 
@@ -122,6 +131,7 @@ impl PsShared {
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let what = format!("the value for {} to {:?}", op.verb(), request.name);
         let value = self.view(request.value.as_ref(), &what)?;
+        count(&self.stats.bytes_written, value.data.len() as u64);
         self.updated(
             self.store
                 .update(&request.name, op, &value, request.read_value),
@@ -163,6 +173,7 @@ impl pb::parameter_server_server::ParameterServer for PsService {
             .create(&request.name, &value, request.replace)
             .map_err(|e| s.store_error(&e))?;
         count(&s.stats.variables_created, 1);
+        count(&s.stats.bytes_written, value.data.len() as u64);
         Ok(Response::new(pb::CreateVariableResponse { replaced }))
     }
 
@@ -176,6 +187,7 @@ impl pb::parameter_server_server::ParameterServer for PsService {
             .read(&request.into_inner().name)
             .map_err(|e| s.store_error(&e))?;
         count(&s.stats.reads, 1);
+        count(&s.stats.bytes_read, value.data.len() as u64);
         s.sized(
             pb::ReadResponse {
                 value: Some(value),
@@ -214,6 +226,7 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         let request = request.into_inner();
         let what = format!("the updates for scatter_add to {:?}", request.name);
         let updates = s.view(request.updates.as_ref(), &what)?;
+        count(&s.stats.bytes_written, updates.data.len() as u64);
         s.updated(s.store.scatter_add(
             &request.name,
             &request.indices,
@@ -245,6 +258,12 @@ impl pb::parameter_server_server::ParameterServer for PsService {
             .read_many(&request.into_inner().names)
             .map_err(|e| s.store_error(&e))?;
         count(&s.stats.reads, variables.len() as u64);
+        let bytes: usize = variables
+            .iter()
+            .filter_map(|item| item.value.as_ref())
+            .map(|value| value.data.len())
+            .sum();
+        count(&s.stats.bytes_read, bytes as u64);
         s.sized(pb::ReadManyResponse { variables }, "the variables read")
     }
 
@@ -267,6 +286,8 @@ impl pb::parameter_server_server::ParameterServer for PsService {
             .assign_many(&items, request.create_missing)
             .map_err(|e| s.store_error(&e))?;
         count(&s.stats.updates, u64::from(assigned));
+        let bytes: usize = items.iter().map(|(_, value)| value.data.len()).sum();
+        count(&s.stats.bytes_written, bytes as u64);
         count(&s.stats.variables_created, u64::from(created));
         Ok(Response::new(pb::AssignManyResponse { assigned, created }))
     }

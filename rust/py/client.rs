@@ -59,6 +59,8 @@ pub(crate) fn status_dict<'py>(
     d.set_item("previous_exit", &s.previous_exit)?;
     d.set_item("connections_open", s.connections_open)?;
     d.set_item("connections_dropped", s.connections_dropped)?;
+    d.set_item("incarnation", s.incarnation)?;
+    d.set_item("last_error", &s.last_error)?;
     Ok(d)
 }
 

@@ -46,6 +46,8 @@ fn status_dict<'py>(py: Python<'py>, s: &pb::PsStatusResponse) -> PyResult<Bound
     d.set_item("uptime_seconds", s.uptime_seconds)?;
     d.set_item("connections_open", s.connections_open)?;
     d.set_item("connections_dropped", s.connections_dropped)?;
+    d.set_item("bytes_read", s.bytes_read)?;
+    d.set_item("bytes_written", s.bytes_written)?;
     Ok(d)
 }
 

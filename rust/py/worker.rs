@@ -12,6 +12,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::blocking::{block_detached, finish_serving, wait_in_slices};
 use super::client::status_dict;
 use super::convert::{bytes_list, duration, server_limits, to_bytes};
+use super::dispatch_convert::latency_dict;
 use crate::rpc::codes::{function_kind_name, parse_code, parse_error_kind};
 use crate::rpc::connections::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
@@ -163,6 +164,10 @@ impl PyWorkerServer {
 
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         status_dict(py, &self.inner.status())
+    }
+
+    fn execution_seconds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        latency_dict(py, &self.inner.execution_times())
     }
 
     fn __repr__(&self) -> String {

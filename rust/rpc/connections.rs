@@ -191,6 +191,18 @@ impl ConnectionInfo {
     }
 }
 
+/// The client's address of the connection a request came on (plaintext or TLS). tonic's
+/// `Request::remote_addr` knows only its own connection types, not [`ConnectionInfo`].
+pub fn remote_addr(extensions: &tonic::Extensions) -> Option<SocketAddr> {
+    if let Some(info) = extensions.get::<ConnectionInfo>() {
+        info.remote_addr()
+    } else {
+        extensions
+            .get::<TlsConnectInfo<ConnectionInfo>>()
+            .and_then(|info| info.get_ref().remote_addr())
+    }
+}
+
 /// Marks the connection a request came on as authenticated (plaintext or TLS).
 pub fn mark_authenticated(extensions: &tonic::Extensions) {
     if let Some(info) = extensions.get::<ConnectionInfo>() {

@@ -46,6 +46,8 @@ pub struct WorkerState {
     pub previous_exit: String,
     /// Connections admitted and dropped (shared with the accept loop).
     pub connections: Arc<ConnectionStats>,
+    /// Random per server; a restart changes it (see `GetStatusResponse.incarnation`).
+    pub incarnation: u64,
 }
 
 impl WorkerState {
@@ -79,6 +81,8 @@ impl WorkerState {
             previous_exit: self.previous_exit.clone(),
             connections_open: load(&self.connections.open),
             connections_dropped: load(&self.connections.dropped),
+            incarnation: self.incarnation,
+            last_error: self.stats.last_error(),
             device_count: self.devices.len() as u32,
             device_kind: self.device_kind.clone(),
             closure_bytes_received: load(&self.stats.bytes_received),

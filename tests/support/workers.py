@@ -85,16 +85,18 @@ def launch(
     token: str | None = "test-token",
     env: dict[str, str] | None = None,
     preexec_fn: Callable[[], Any] | None = None,
+    prefix: Sequence[str] = (),
 ) -> WorkerProc:
     """Starts a worker process (without waiting for it to be ready); ``preexec_fn`` runs in
-    the child before it starts (e.g. to lower its resource limits)."""
+    the child before it starts (e.g. to lower its resource limits); ``prefix`` is a command
+    to run it under (e.g. ``unshare --pid --fork``)."""
     full_env = {k: v for k, v in os.environ.items() if k != "JAXCLUSTER_AUTH_TOKEN"}
     full_env["PYTHONUNBUFFERED"] = "1"
     if token is not None:
         full_env["JAXCLUSTER_AUTH_TOKEN"] = token
     full_env.update(env or {})
     popen = subprocess.Popen(
-        [sys.executable, "-m", "jaxcluster.worker", *args],
+        [*prefix, sys.executable, "-m", "jaxcluster.worker", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -8,6 +8,7 @@ finish, and exits with status 0.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -19,14 +20,18 @@ from jaxcluster._task_process import (
     PREVIOUS_EXIT_ENV,
     TaskSetupError,
     add_task_arguments,
+    configure_logging,
     describe_exit,
     limit_settings,
+    start_metrics,
     task_settings,
     tls_error,
     tls_files,
 )
 
 __all__ = ["WorkerSetupError", "add_arguments", "main", "run"]
+
+_log = logging.getLogger("jaxcluster.worker")
 
 
 #: Kept under the worker's name for callers that catch it.
@@ -58,12 +63,14 @@ def _install_signal_handlers(server: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs a worker with parsed ``args`` until it is shut down; returns the exit status."""
     from jaxcluster._native import core
+    from jaxcluster.metrics import MissingMetricsExtraError, serve_worker
     from jaxcluster.worker import context
     from jaxcluster.worker.devices import jax_runtime_info
     from jaxcluster.worker.executor import Executor
     from jaxcluster.worker.parent_watch import ParentWatch
 
     try:
+        configure_logging(args)
         token, address, index = task_settings(args, job="worker", prog="jaxcluster worker")
         # Closures reach parameter servers with the token this worker was started with.
         context.set_worker_auth_token(token)
@@ -81,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
             **limit_settings(args),
             **info,
         )
-    except (TaskSetupError, ValueError, OSError) as exc:
+        metrics = start_metrics(args, serve_worker, server)
+    except (TaskSetupError, ValueError, OSError, MissingMetricsExtraError) as exc:
         print(f"jaxcluster worker: error: {tls_error(exc, args)}", file=sys.stderr, flush=True)
         return 2
 
@@ -92,8 +100,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"jaxcluster worker listening on {server.address}", flush=True)
         Executor(server, index).serve()
-        server.shutdown(timeout=30.0)
+        drained = server.shutdown(timeout=30.0)
+        status = server.status()
+        _log.info(
+            "worker %d stopped%s after %d closures (%d failed)",
+            index,
+            "" if drained else " without draining in 30 s",
+            status["closures_run"],
+            status["closures_failed"],
+        )
     finally:
+        if metrics is not None:
+            metrics.close()
         # Joined before the interpreter finalizes: no thread of ours is left inside I/O.
         if watch is not None:
             watch.stop()

@@ -27,6 +27,7 @@ use crate::dispatch::closure::Work;
 use crate::dispatch::deaths::{self, Death, POSTMORTEM_WAIT};
 use crate::dispatch::failure::ClosureFailure;
 use crate::dispatch::resources::ResourceState;
+use crate::dispatch::status::Incarnation;
 use crate::dispatch::transport::WorkerTransport;
 use crate::rpc::pb;
 
@@ -107,12 +108,12 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// The worker failed with closures outstanding on its stream (`reason` says how);
-    /// `charge`: the oldest one was running, and the death counts against it. `pid` is the
+    /// `charge`: the oldest one was running, and the death counts against it. `before` is the
     /// worker process known before the failure.
-    pub(super) fn worker_died(&mut self, reason: &str, charge: bool, pid: Option<u64>) {
+    pub(super) fn worker_died(&mut self, reason: &str, charge: bool, before: Option<Incarnation>) {
         if charge {
             let address = self.address().to_owned();
-            let death = Death::new(self.index, &address, reason, pid);
+            let death = Death::new(self.index, &address, reason, before);
             if let Some(front) = self.pipeline.outstanding.front_mut() {
                 front.closure.deaths.push(Arc::clone(&death));
                 let closure = &front.closure;
@@ -136,7 +137,7 @@ impl<T: WorkerTransport> Link<T> {
                 );
                 // The worker may already have answered as a new process (a probe while
                 // deciding this was a failure).
-                match (pid, self.incarnation) {
+                match (before, self.incarnation) {
                     (Some(then), Some(now)) if then != now => {
                         death.explain(now, &self.previous_exit);
                     }
@@ -150,7 +151,7 @@ impl<T: WorkerTransport> Link<T> {
     /// Explains this worker's unexplained deaths from its `GetStatus` answer.
     pub(super) fn explain_deaths(&mut self, status: &pb::GetStatusResponse) {
         for death in self.postmortems.drain(..) {
-            death.explain(status.pid, &status.previous_exit);
+            death.explain(Incarnation::of(status), &status.previous_exit);
         }
     }
 

@@ -510,10 +510,10 @@ impl<T: WorkerTransport> Link<T> {
         if self.pipeline.outstanding.is_empty() {
             return;
         }
-        let pid = self.incarnation;
+        let before = self.incarnation;
         if self.is_worker_failure(error) {
             let reason = format!("its RunClosures stream broke: {}", error.message());
-            self.worker_died(&reason, charge, pid);
+            self.worker_died(&reason, charge, before);
             return;
         }
         let failure = ClosureFailure::from_rpc(error, self.address());
@@ -524,22 +524,27 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Puts every closure outstanding or held back in the queue and drops the stream (the
-    /// worker is gone).
-    pub(super) fn forget_pipeline(&mut self) {
+    /// worker is gone). Returns how many closures went back (a closure out of retries is
+    /// held for its post-mortem instead, see `liveness.rs`).
+    pub(super) fn forget_pipeline(&mut self) -> usize {
         let limit = self.shared.config.max_closure_retries;
+        let mut put_back = 0;
         for sent in std::mem::take(&mut self.pipeline.outstanding) {
             if deaths::exhausted(&sent.closure, limit) {
                 // Failed once its post-mortem is in (`liveness.rs`).
                 self.doomed.push(sent.closure);
             } else {
                 self.put_back(sent.closure);
+                put_back += 1;
             }
         }
         self.publish(0);
         if let Some(Work::Closure(closure)) = self.held.take() {
             self.requeue(closure);
+            put_back += 1;
         }
         self.pipeline = Pipeline::default();
+        put_back
     }
 
     /// The dispatcher is stopping: everything outstanding or held is put back (so

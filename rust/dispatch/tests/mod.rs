@@ -3,6 +3,7 @@
 //! Every wait has a deadline; nothing sleeps to let things settle.
 
 mod deaths;
+mod observe;
 mod outcomes;
 mod pipelining;
 mod ps_failures;
