@@ -69,9 +69,9 @@ pub fn connect_lazy(config: &ClientConfig, peer: &Peer) -> Result<LazyChannel, R
         })?
         .connect_timeout(config.connect_timeout)
         .tcp_nodelay(true)
-        .initial_stream_window_size(STREAM_WINDOW_BYTES)
-        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-        .max_frame_size(peer.max_frame_bytes)
+        .initial_stream_window_size(super::limits::swin())
+        .initial_connection_window_size(super::limits::cwin())
+        .max_frame_size(peer.max_frame_bytes.or_else(super::limits::frame))
         // Keepalive pings notice a server that vanished without closing its socket (a
         // partitioned or frozen host) while a long call is in flight.
         .http2_keep_alive_interval(Duration::from_secs(15))

@@ -167,6 +167,7 @@ impl<R: ClosureRunner> Emulation<R> {
     fn send(&self, reply: pb::ClosureReply) {
         let _ = self.replies.send(Ok(pb::RunClosuresResponse {
             replies: vec![reply],
+            chunk: None,
         }));
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod channel;
+pub mod chunks;
 pub mod client;
 pub mod closure_stream;
 pub mod codes;

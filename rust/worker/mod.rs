@@ -27,6 +27,7 @@
 //! complete.
 
 pub mod jobs;
+mod outgoing;
 mod reader;
 pub mod service;
 pub mod state;

@@ -8,14 +8,22 @@
 //! A reader registers its stream with the job queue while it reads, because only a reader
 //! queues closures: the queue keeps the stream's halted state (`halt_on_error`) from then
 //! until the reader stops.
+//!
+//! A request too large for one message arrives as chunks (protocol revision 4), which the
+//! reader assembles before applying the request; a malformed chunk sequence ends the call
+//! with its status (`INVALID_ARGUMENT` or `RESOURCE_EXHAUSTED`) after handing back what the
+//! stream had queued. Large answers are cut into chunks on the way out (`outgoing.rs`).
 
 use std::sync::Arc;
 
+use tokio::sync::oneshot;
 use tonic::{Status, Streaming};
 
 use super::jobs::JobQueue;
+use super::outgoing::Outgoing;
 use super::state::WorkerState;
-use super::stream::{reply_channel, ClosureStream, Replies, ReplySender};
+use super::stream::{reply_channel, ClosureStream, ReplySender};
+use crate::rpc::chunks::{self, Assembler, MAX_CHUNKED_MESSAGE_BYTES};
 use crate::rpc::pb;
 
 /// Starts serving one `RunClosures` call: spawns the task that queues the requests and
@@ -23,35 +31,113 @@ use crate::rpc::pb;
 pub(super) fn serve(
     state: &Arc<WorkerState>,
     incoming: Streaming<pb::RunClosuresRequest>,
-) -> Replies {
+) -> Outgoing {
     let (sender, replies) = reply_channel(state.max_message_bytes);
-    tokio::spawn(read_requests(Arc::clone(state), incoming, sender));
-    replies
+    let (fail, failed) = oneshot::channel();
+    let requests = Requests {
+        incoming,
+        assembler: Assembler::default(),
+        fail: Some(fail),
+    };
+    tokio::spawn(read_requests(Arc::clone(state), requests, sender));
+    Outgoing::new(replies, failed, state.max_message_bytes)
+}
+
+/// The requests of one stream, whole: chunked ones assembled.
+struct Requests {
+    incoming: Streaming<pb::RunClosuresRequest>,
+    assembler: Assembler,
+    /// Ends the call with a status (taken once).
+    fail: Option<oneshot::Sender<Status>>,
+}
+
+/// What reading the next request gave.
+enum Next {
+    Request(pb::RunClosuresRequest),
+    /// The client half-closed.
+    End,
+    /// The client went away or the transport failed.
+    Broken,
+    /// A malformed or oversized chunk sequence: the call ends with this status.
+    Refused(Status),
+}
+
+impl Requests {
+    async fn next(&mut self) -> Next {
+        loop {
+            let message = match self.incoming.message().await {
+                Ok(Some(message)) => message,
+                Ok(None) if self.assembler.in_progress() => {
+                    return Next::Refused(Status::invalid_argument(
+                        "the stream ended inside a chunked request; expected chunks adding up \
+                         to its total_bytes",
+                    ))
+                }
+                Ok(None) => return Next::End,
+                Err(_) => return Next::Broken,
+            };
+            let Some(chunk) = message.chunk else {
+                if self.assembler.in_progress() {
+                    return Next::Refused(Status::invalid_argument(
+                        "a request arrived inside a chunked request; expected its remaining \
+                         chunks first",
+                    ));
+                }
+                return Next::Request(message);
+            };
+            match self.assembler.push(chunk) {
+                Ok(None) => {}
+                Ok(Some(encoded)) => {
+                    return match chunks::decode::<pb::RunClosuresRequest>(encoded, "a request") {
+                        Ok(request) if request.chunk.is_some() => Next::Refused(
+                            Status::invalid_argument("a chunked request holds another chunk"),
+                        ),
+                        Ok(request) => Next::Request(request),
+                        Err(status) => Next::Refused(status),
+                    }
+                }
+                Err(status) => return Next::Refused(status),
+            }
+        }
+    }
+
+    /// Ends the call with `status` (counted as a rejected request).
+    fn refuse(&mut self, state: &WorkerState, status: Status) {
+        let status = state.stats.reject(status);
+        if let Some(fail) = self.fail.take() {
+            let _ = fail.send(status);
+        }
+    }
 }
 
 /// Queues every closure the client sends. The stream object lives while this task reads
 /// and while any of its jobs is queued or running; once all are gone the answer channel
 /// closes and the response stream ends.
-async fn read_requests(
-    state: Arc<WorkerState>,
-    mut incoming: Streaming<pb::RunClosuresRequest>,
-    sender: ReplySender,
-) {
+async fn read_requests(state: Arc<WorkerState>, mut requests: Requests, sender: ReplySender) {
     // The stream's options come with its first message.
     let first = tokio::select! {
-        message = incoming.message() => message,
+        next = requests.next() => next,
         () = state.queue.drained() => return,
     };
-    let Ok(Some(first)) = first else {
-        return;
+    let first = match first {
+        Next::Request(first) => first,
+        Next::Refused(status) => return requests.refuse(&state, status),
+        Next::End | Next::Broken => return,
+    };
+    // A client that assembles chunks may be answered with results above the message
+    // limit (cut into chunks on the way out); others are refused them.
+    let largest_answer = if first.accepts_chunks {
+        usize::try_from(MAX_CHUNKED_MESSAGE_BYTES).unwrap_or(usize::MAX)
+    } else {
+        state.max_message_bytes
     };
     let stream = Arc::new(ClosureStream::new(
         sender,
         first.halt_on_error,
-        state.max_message_bytes,
+        largest_answer,
     ));
     state.queue.open_stream(&stream);
-    read_stream(&state, &stream, first, incoming).await;
+    read_stream(&state, &stream, first, requests).await;
     state.queue.close_stream(&stream);
 }
 
@@ -61,27 +147,34 @@ async fn read_stream(
     state: &WorkerState,
     stream: &Arc<ClosureStream>,
     first: pb::RunClosuresRequest,
-    mut incoming: Streaming<pb::RunClosuresRequest>,
+    mut requests: Requests,
 ) {
     queue_message(state, stream, first);
     loop {
-        let message = tokio::select! {
-            message = incoming.message() => message,
+        let next = tokio::select! {
+            next = requests.next() => next,
             // The client may cancel while sending nothing: stop waiting then.
-            () = stream.abandoned() => Err(Status::cancelled("the client went away")),
+            () = stream.abandoned() => Next::Broken,
             // Shutting down: read nothing more, so the stream ends (OK) once what is
             // running has been answered, and the server can stop. Closures the client
             // sends from now on are not answered; it sees the stream end without them.
             () = state.queue.drained() => return,
         };
-        match message {
-            Ok(Some(request)) => queue_message(state, stream, request),
+        match next {
+            Next::Request(request) => queue_message(state, stream, request),
             // A clean half-close: what is queued still runs and is answered.
-            Ok(None) => return,
-            Err(_) => {
+            Next::End => return,
+            Next::Broken => {
                 state
                     .queue
                     .hand_back_stream(stream, "the client cancelled the stream");
+                return;
+            }
+            Next::Refused(status) => {
+                state
+                    .queue
+                    .hand_back_stream(stream, "the stream sent a malformed chunk sequence");
+                requests.refuse(state, status);
                 return;
             }
         }

@@ -193,6 +193,9 @@ impl Stream for Replies {
             size += more;
             replies.push(reply);
         }
-        Poll::Ready(Some(Ok(pb::RunClosuresResponse { replies })))
+        Poll::Ready(Some(Ok(pb::RunClosuresResponse {
+            replies,
+            chunk: None,
+        })))
     }
 }
