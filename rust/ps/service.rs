@@ -110,7 +110,11 @@ impl PsShared {
     ) -> Result<pb::UpdateResponse, Status> {
         let (version, value) = result.map_err(|e| self.store_error(&e))?;
         count(&self.stats.updates, 1);
-        self.sized(pb::UpdateResponse { version, value }, "the updated value", limit)
+        self.sized(
+            pb::UpdateResponse { version, value },
+            "the updated value",
+            limit,
+        )
     }
 
     fn update(
@@ -128,7 +132,10 @@ impl PsShared {
         )
     }
 
-    fn create(&self, request: &pb::CreateVariableRequest) -> Result<pb::CreateVariableResponse, Status> {
+    fn create(
+        &self,
+        request: &pb::CreateVariableRequest,
+    ) -> Result<pb::CreateVariableResponse, Status> {
         let what = format!("the initial value of {:?}", request.name);
         let value = self.view(request.initial_value.as_ref(), &what)?;
         let replaced = self
@@ -187,7 +194,11 @@ impl PsShared {
             .read_many(&request.names)
             .map_err(|e| self.store_error(&e))?;
         count(&self.stats.reads, variables.len() as u64);
-        self.sized(pb::ReadManyResponse { variables }, "the variables read", limit)
+        self.sized(
+            pb::ReadManyResponse { variables },
+            "the variables read",
+            limit,
+        )
     }
 
     fn assign_many(
@@ -224,13 +235,27 @@ impl PsShared {
         let any = usize::MAX;
         let response = match method {
             "CreateVariable" => self.create(&self.decoded(encoded, what)?)?.encode_to_vec(),
-            "Read" => self.read(&self.decoded(encoded, what)?, any)?.encode_to_vec(),
-            "Assign" => self.update(&self.decoded(encoded, what)?, Op::Assign, any)?.encode_to_vec(),
-            "AssignAdd" => self.update(&self.decoded(encoded, what)?, Op::Add, any)?.encode_to_vec(),
-            "AssignSub" => self.update(&self.decoded(encoded, what)?, Op::Sub, any)?.encode_to_vec(),
-            "ScatterAdd" => self.scatter_add(&self.decoded(encoded, what)?, any)?.encode_to_vec(),
-            "ReadMany" => self.read_many(&self.decoded(encoded, what)?, any)?.encode_to_vec(),
-            "AssignMany" => self.assign_many(&self.decoded(encoded, what)?)?.encode_to_vec(),
+            "Read" => self
+                .read(&self.decoded(encoded, what)?, any)?
+                .encode_to_vec(),
+            "Assign" => self
+                .update(&self.decoded(encoded, what)?, Op::Assign, any)?
+                .encode_to_vec(),
+            "AssignAdd" => self
+                .update(&self.decoded(encoded, what)?, Op::Add, any)?
+                .encode_to_vec(),
+            "AssignSub" => self
+                .update(&self.decoded(encoded, what)?, Op::Sub, any)?
+                .encode_to_vec(),
+            "ScatterAdd" => self
+                .scatter_add(&self.decoded(encoded, what)?, any)?
+                .encode_to_vec(),
+            "ReadMany" => self
+                .read_many(&self.decoded(encoded, what)?, any)?
+                .encode_to_vec(),
+            "AssignMany" => self
+                .assign_many(&self.decoded(encoded, what)?)?
+                .encode_to_vec(),
             other => return Err(self.reject(chunks::unknown_method(other, &CHUNKED_METHODS))),
         };
         Ok(Bytes::from(response))
@@ -285,7 +310,9 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
-        self.shared.read(request.get_ref(), self.limit()).map(Response::new)
+        self.shared
+            .read(request.get_ref(), self.limit())
+            .map(Response::new)
     }
 
     async fn assign(
@@ -293,7 +320,8 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let s = &self.shared;
-        s.update(request.get_ref(), Op::Assign, self.limit()).map(Response::new)
+        s.update(request.get_ref(), Op::Assign, self.limit())
+            .map(Response::new)
     }
 
     async fn assign_add(
@@ -301,7 +329,8 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let s = &self.shared;
-        s.update(request.get_ref(), Op::Add, self.limit()).map(Response::new)
+        s.update(request.get_ref(), Op::Add, self.limit())
+            .map(Response::new)
     }
 
     async fn assign_sub(
@@ -309,7 +338,8 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let s = &self.shared;
-        s.update(request.get_ref(), Op::Sub, self.limit()).map(Response::new)
+        s.update(request.get_ref(), Op::Sub, self.limit())
+            .map(Response::new)
     }
 
     async fn scatter_add(
@@ -317,7 +347,8 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         request: Request<pb::ScatterAddRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let s = &self.shared;
-        s.scatter_add(request.get_ref(), self.limit()).map(Response::new)
+        s.scatter_add(request.get_ref(), self.limit())
+            .map(Response::new)
     }
 
     async fn list_variables(
@@ -332,14 +363,17 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         request: Request<pb::ReadManyRequest>,
     ) -> Result<Response<pb::ReadManyResponse>, Status> {
         let s = &self.shared;
-        s.read_many(request.get_ref(), self.limit()).map(Response::new)
+        s.read_many(request.get_ref(), self.limit())
+            .map(Response::new)
     }
 
     async fn assign_many(
         &self,
         request: Request<pb::AssignManyRequest>,
     ) -> Result<Response<pb::AssignManyResponse>, Status> {
-        self.shared.assign_many(request.get_ref()).map(Response::new)
+        self.shared
+            .assign_many(request.get_ref())
+            .map(Response::new)
     }
 
     async fn delete_variables(

@@ -65,12 +65,14 @@ fn memory_of(obj: &Bound<'_, PyAny>) -> PyResult<(*const u8, usize)> {
     let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
     // SAFETY: `view` is written by a successful PyObject_GetBuffer and released once read.
     unsafe {
-        if ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), ffi::PyBUF_C_CONTIGUOUS) != 0
-        {
+        if ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), ffi::PyBUF_C_CONTIGUOUS) != 0 {
             return Err(PyErr::fetch(obj.py()));
         }
         let view = view.assume_init_mut();
-        let memory = (view.buf as *const u8, usize::try_from(view.len).unwrap_or(0));
+        let memory = (
+            view.buf as *const u8,
+            usize::try_from(view.len).unwrap_or(0),
+        );
         ffi::PyBuffer_Release(view);
         Ok(memory)
     }
@@ -81,8 +83,7 @@ fn copy_of(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
     // SAFETY: as in `memory_of`; the slice is copied before the export is released.
     unsafe {
-        if ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), ffi::PyBUF_C_CONTIGUOUS) != 0
-        {
+        if ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), ffi::PyBUF_C_CONTIGUOUS) != 0 {
             return Err(PyErr::fetch(obj.py()));
         }
         let view = view.assume_init_mut();

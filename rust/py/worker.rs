@@ -9,8 +9,8 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::blocking::{block_detached, finish_serving, wait_in_slices};
-use super::client::status_dict;
 use super::buffer::{buffer_list, bytes_of, bytes_of_all};
+use super::client::status_dict;
 use super::convert::duration;
 use crate::rpc::codes::{function_kind_name, parse_code, parse_error_kind};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;

@@ -69,7 +69,11 @@ pub fn split_message<M: Message>(
     max_message_bytes: usize,
     method: &str,
 ) -> Vec<pb::Chunk> {
-    split(&Bytes::from(message.encode_to_vec()), max_message_bytes, method)
+    split(
+        &Bytes::from(message.encode_to_vec()),
+        max_message_bytes,
+        method,
+    )
 }
 
 /// Decodes an assembled message; `what` names it in the error.
@@ -269,7 +273,10 @@ mod tests {
     fn split_and_assemble_round_trip_at_the_boundaries() {
         let limit = 64; // chunks of 32 bytes
         for size in [0, 1, 31, 32, 33, 64, 65, 1000] {
-            let encoded: Bytes = (0..size).map(|i| (i % 251) as u8).collect::<Vec<_>>().into();
+            let encoded: Bytes = (0..size)
+                .map(|i| (i % 251) as u8)
+                .collect::<Vec<_>>()
+                .into();
             let chunks = split(&encoded, limit, "M");
             assert_eq!(chunks.len(), size.div_ceil(32).max(1), "{size}");
             assert_eq!(chunks[0].method, "M");
@@ -277,7 +284,10 @@ mod tests {
             let mut assembler = Assembler::default();
             let mut done = None;
             for (i, c) in chunks.into_iter().enumerate() {
-                assert!(done.is_none(), "completed early at chunk {i} of size {size}");
+                assert!(
+                    done.is_none(),
+                    "completed early at chunk {i} of size {size}"
+                );
                 done = assembler.push(c).unwrap();
             }
             assert_eq!(done.unwrap(), encoded, "{size}");
@@ -290,7 +300,11 @@ mod tests {
         let mut a = Assembler::default();
         let e = a.push(chunk(None, b"xy")).unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
-        assert!(e.message().contains("no chunk sequence begun"), "{}", e.message());
+        assert!(
+            e.message().contains("no chunk sequence begun"),
+            "{}",
+            e.message()
+        );
 
         assert!(a.push(chunk(Some(4), b"ab")).unwrap().is_none());
         let e = a.push(chunk(Some(4), b"cd")).unwrap_err();
@@ -325,10 +339,7 @@ mod tests {
         let chunks = split_message(&value, 100, "");
         assert!(chunks.len() > 10);
         let mut a = Assembler::default();
-        let encoded = chunks
-            .into_iter()
-            .find_map(|c| a.push(c).unwrap())
-            .unwrap();
+        let encoded = chunks.into_iter().find_map(|c| a.push(c).unwrap()).unwrap();
         let back: pb::Value = decode(encoded, "a value").unwrap();
         assert_eq!(back, value);
         let e = decode::<pb::Value>(Bytes::from_static(b"\xff\xff"), "a value").unwrap_err();

@@ -21,17 +21,6 @@ pub const MAX_MAX_MESSAGE_BYTES: usize = u32::MAX as usize;
 /// multi-megabyte array wait for a window update every 64 KiB; 4 MiB lets it stream.
 pub const STREAM_WINDOW_BYTES: u32 = 4 * 1024 * 1024;
 
-/// EXPERIMENT
-pub fn env_u32(name: &str, default: u32) -> u32 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-/// EXPERIMENT
-pub fn frame() -> Option<u32> { let v = env_u32("JXC_FRAME", 0); (v > 0).then_some(v) }
-/// EXPERIMENT
-pub fn swin() -> u32 { env_u32("JXC_SWIN", STREAM_WINDOW_BYTES) }
-/// EXPERIMENT
-pub fn cwin() -> u32 { env_u32("JXC_CWIN", CONNECTION_WINDOW_BYTES) }
-
 /// HTTP/2 flow-control window for a whole connection (a few streams in flight at once).
 pub const CONNECTION_WINDOW_BYTES: u32 = 16 * 1024 * 1024;
 

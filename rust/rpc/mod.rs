@@ -31,8 +31,13 @@ pub mod pb {
 pub const HASH_LEN: usize = 32;
 
 /// Revision of the v1 protocol this build speaks (`GetStatusResponse.protocol_revision`).
-/// Revision 2 added `ClosureError.ps_task`; revision 3 added the `RunClosures` stream.
-pub const PROTOCOL_REVISION: u32 = 3;
+/// Revision 2 added `ClosureError.ps_task`; revision 3 added the `RunClosures` stream;
+/// revision 4 added chunked messages ([`chunks`]) for values above the message limit.
+pub const PROTOCOL_REVISION: u32 = 4;
+
+/// Response metadata of `RunClosures` naming the worker's protocol revision, so a client
+/// knows before sending anything large whether the worker assembles chunked requests.
+pub const REVISION_HEADER: &str = "jaxcluster-protocol-revision";
 
 /// The content hash of a function payload: its SHA-256 digest.
 ///

@@ -75,9 +75,9 @@ pub fn server(
     max_frame_bytes: Option<u32>,
 ) -> Result<Server<Layers>, TlsError> {
     Ok(super::tls::server_builder(tls)?
-        .initial_stream_window_size(super::limits::swin())
-        .initial_connection_window_size(super::limits::cwin())
-        .max_frame_size(max_frame_bytes.or_else(super::limits::frame))
+        .initial_stream_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .max_frame_size(max_frame_bytes)
         .layer(size_status_layer::<Body>()))
 }
 

@@ -46,7 +46,7 @@ use tonic::service::interceptor::InterceptedService;
 pub use jobs::{Job, JobReply, JobRequest, Pop};
 
 use crate::rpc::auth::{validate_token, AuthCheck};
-use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
+use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME_BYTES};
 use crate::rpc::pb;
 use crate::rpc::serve::{self, BindError, Serving};
 use jobs::JobQueue;
@@ -158,7 +158,7 @@ impl WorkerServer {
             config.auth_token.as_deref(),
             Arc::clone(&counters.unauthenticated),
         );
-        let router = serve::server(config.tls.as_ref(), None)
+        let router = serve::server(config.tls.as_ref(), Some(MAX_FRAME_BYTES))
             .map_err(|e| WorkerError::Config(e.to_string()))?
             .add_service(InterceptedService::new(service, auth));
         Ok(Self {

@@ -14,11 +14,7 @@ use super::outgoing::Outgoing;
 use super::reader;
 use super::state::WorkerState;
 use crate::rpc::chunks;
-use crate::rpc::{pb, PROTOCOL_REVISION};
-
-/// Response metadata of `RunClosures` naming the worker's protocol revision, so a client
-/// knows before sending anything whether the worker assembles chunked requests.
-pub const REVISION_HEADER: &str = "jaxcluster-protocol-revision";
+use crate::rpc::{pb, PROTOCOL_REVISION, REVISION_HEADER};
 
 /// The unary methods `CallChunked` carries.
 const CHUNKED_METHODS: [&str; 3] = ["RunClosure", "CreateResource", "RegisterFunction"];
@@ -70,7 +66,9 @@ impl WorkerService {
                 };
                 response.encode_to_vec()
             }
-            "RegisterFunction" => state.register(decoded(state, encoded, what)?)?.encode_to_vec(),
+            "RegisterFunction" => state
+                .register(decoded(state, encoded, what)?)?
+                .encode_to_vec(),
             other => {
                 return Err(state
                     .stats
@@ -132,8 +130,7 @@ impl pb::worker_server::Worker for WorkerService {
         Ok(response)
     }
 
-    type CallChunkedStream =
-        tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>>;
+    type CallChunkedStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>>;
 
     async fn call_chunked(
         &self,
