@@ -140,9 +140,8 @@ def _parallel_clients(kind: str, address: str, token: str, clients: int, seconds
 
 
 def ps_figures(echo_port: int, seconds: float, big: bool) -> dict[str, float]:
-    from ps_bench import TOKEN, start_server
-
     from jaxcluster._native import core
+    from ps_bench import TOKEN, start_server
 
     server, address = start_server("jaxcluster")
     try:

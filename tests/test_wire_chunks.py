@@ -165,7 +165,11 @@ def _malformed_sequences(pb2: ModuleType) -> list[tuple[str, list[Any], str]]:
             [chunk(total_bytes=8, data=b"abc"), chunk(total_bytes=3, data=b"abc")],
             "INVALID_ARGUMENT",
         ),
-        ("bytes that do not decode", [chunk(total_bytes=3, data=b"\xff\xff\xff")], "INVALID_ARGUMENT"),
+        (
+            "bytes that do not decode",
+            [chunk(total_bytes=3, data=b"\xff\xff\xff")],
+            "INVALID_ARGUMENT",
+        ),
         ("an absurd size", [chunk(total_bytes=1 << 40, data=b"x")], "RESOURCE_EXHAUSTED"),
     ]
 

@@ -1,10 +1,9 @@
 """Type stubs for the native module ``jaxcluster._core`` (Rust, PyO3)."""
 
 from collections.abc import Iterable, Mapping, Sequence, Sized
-from typing import Any, Literal, Protocol, TypeAlias, final, overload
+from typing import Any, Literal, Protocol, Self, TypeAlias, final, overload
 
 import numpy as np
-from typing_extensions import Self
 
 __version__: str
 
@@ -650,8 +649,9 @@ class Dispatcher:
         """Queues a closure of a registered function: ``args`` is the pickled
         ``(args, kwargs)`` (empty for none), ``buffers`` its out-of-band buffers
         (``bytes`` and ``Buffer`` sent without a copy, other bytes-like objects copied
-        once, so changing them later changes nothing), ``resources`` the per-worker resources the arguments refer to (as
-        ``ResourceRef(resource_id)``). Blocks with the GIL released while the queue is full.
+        once, so changing them later changes nothing), ``resources`` the per-worker
+        resources the arguments refer to (as ``ResourceRef(resource_id)``). Blocks with the
+        GIL released while the queue is full.
         Under ``cancel_all`` a pending closure error is raised after queuing, so this
         closure is cancelled with the rest (as TF does). ``ValueError`` for an unknown
         function or a released resource; ``RuntimeError`` after :meth:`shutdown`."""

@@ -37,7 +37,7 @@ impl PyBuffer {
 
 /// Memory of a Python object that never changes while the object is referenced: the
 /// object, kept alive, and where its bytes are. Dropping it without the GIL defers the
-/// reference count decrement to PyO3's pool (done the next time any thread holds the GIL),
+/// reference count decrement to `PyO3`'s pool (done the next time any thread holds the GIL),
 /// so tokio threads never wait for the GIL.
 struct Borrowed {
     _owner: Py<PyAny>,
@@ -162,6 +162,7 @@ impl PyBuffer {
     }
 
     /// Exports the bytes read-only; a request for a writable buffer fails.
+    #[allow(clippy::needless_pass_by_value)] // the signature PyO3 requires
     unsafe fn __getbuffer__(
         slf: Bound<'_, Self>,
         view: *mut ffi::Py_buffer,

@@ -202,6 +202,7 @@ impl PyWorkerClient {
     }
 
     #[pyo3(signature = (function_hash, args=None, buffers=Vec::new(), *, closure_id=0, timeout=None))]
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     fn run_closure<'py>(
         &self,
         py: Python<'py>,
@@ -222,6 +223,7 @@ impl PyWorkerClient {
     }
 
     #[pyo3(signature = (resource_id, function_hash, args=None, buffers=Vec::new(), *, timeout=None))]
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     fn create_resource<'py>(
         &self,
         py: Python<'py>,

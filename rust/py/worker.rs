@@ -299,7 +299,7 @@ impl PyWorkerJob {
 
     #[pyo3(signature = (kind, type_name, module, message, traceback, *, exception=None,
                         exception_buffers=Vec::new(), resource_id=None, ps_task=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     fn reply_error(
         &self,
         kind: &str,
