@@ -21,6 +21,8 @@ from typing import Any
 
 _HEADER = struct.Struct("<QB")
 ECHO, ACK = 0, 1
+#: pid of the server process listening on each port, for CPU accounting.
+SERVERS: dict[int, int] = {}
 
 
 def _recv_into(sock: socket.socket, view: memoryview) -> None:
@@ -73,7 +75,9 @@ class EchoServer:
             [sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True
         )
         assert self._process.stdout is not None
-        return int(self._process.stdout.readline())
+        port = int(self._process.stdout.readline())
+        SERVERS[port] = self._process.pid
+        return port
 
     def __exit__(self, *exc: Any) -> None:
         self._process.kill()

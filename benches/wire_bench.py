@@ -49,26 +49,55 @@ def double(a: Any) -> Any:
     return a * 2
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time the processes ``pids`` (all their threads) have used."""
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
 def _timed(fn: Callable[[], Any]) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
 
 
-def round_trips(coordinator: Any, echo: EchoClient, size: int, reps: int) -> dict[str, float]:
-    """Interleaved: one echo, one closure, ``reps`` times; medians and their ratio."""
+def round_trips(
+    coordinator: Any, echo: EchoClient, size: int, reps: int, pids: dict[str, list[int]]
+) -> dict[str, float]:
+    """Interleaved: one echo, one closure, ``reps`` times; medians and their ratio, and the
+    CPU time each side's processes used per round trip (a load-independent cost)."""
     x = np.ones(size // 4, np.float32)
     for _ in range(3):  # warm up: connections, registration, allocator
         coordinator.schedule(identity, args=(x,)).fetch()
         echo.round_trip(x)
     ours, base = [], []
+    cpu_ours = cpu_base = 0.0
     for _ in range(reps):
+        before = cpu_seconds(pids["echo"])
         base.append(_timed(lambda: echo.round_trip(x)))
+        middle = cpu_seconds(pids["echo"])
+        cpu_base += middle - before
+        before = cpu_seconds(pids["ours"])
         ours.append(_timed(lambda: coordinator.schedule(identity, args=(x,)).fetch()))
+        cpu_ours += cpu_seconds(pids["ours"]) - before
     result = coordinator.schedule(identity, args=(x,)).fetch()
     assert result.shape == x.shape and bool(np.all(result == 1.0))
     mo, mb = float(np.median(ours)), float(np.median(base))
-    return {"ours_ms": mo * 1e3, "echo_ms": mb * 1e3, "ratio": mo / mb}
+    return {
+        "ours_ms": mo * 1e3,
+        "echo_ms": mb * 1e3,
+        "ratio": mo / mb,
+        "min_ratio": min(ours) / min(base),
+        "cpu_ours_ms": cpu_ours / reps * 1e3,
+        "cpu_echo_ms": cpu_base / reps * 1e3,
+    }
 
 
 def throughput(coordinator: Any, fn: Any, size: int, n: int) -> float:
@@ -175,6 +204,13 @@ def ps_figures(echo_port: int, seconds: float, big: bool) -> dict[str, float]:
         server.wait(timeout=30)
 
 
+def port_owner(port: int) -> int:
+    """The pid of the echo server (the child process listening on ``port``)."""
+    from tcp_echo import SERVERS
+
+    return SERVERS[port]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, no 1 GiB run")
@@ -188,18 +224,27 @@ def main() -> int:
     if args.quick:
         args.reps, args.small_n, args.ps_seconds, args.skip_gib = 15, 5000, 2.0, True
 
+    import os
+
     from jaxcluster import LocalCluster
 
     size = int(args.size_mib * MiB)
     with EchoServer() as port, LocalCluster(2) as cluster, cluster.coordinator() as co:
         echo = EchoClient(port)
-        rt = round_trips(co, echo, size, args.reps)
+        workers = [cluster.worker_pid(i) for i in range(cluster.num_workers)]
+        pids = {
+            "ours": [os.getpid(), *[p for p in workers if p is not None]],
+            "echo": [os.getpid(), port_owner(port)],
+        }
+        rt = round_trips(co, echo, size, args.reps, pids)
         print(
             f"{args.size_mib:g} MiB round trip: jaxcluster {rt['ours_ms']:.2f} ms, "
-            f"echo {rt['echo_ms']:.2f} ms, ratio {rt['ratio']:.2f}x (target <= 1.3x)"
+            f"echo {rt['echo_ms']:.2f} ms, ratio {rt['ratio']:.2f}x (target <= 1.3x; "
+            f"fastest runs {rt['min_ratio']:.2f}x); CPU per round trip: jaxcluster "
+            f"{rt['cpu_ours_ms']:.1f} ms, echo {rt['cpu_echo_ms']:.1f} ms"
         )
         small = 64 * 1024
-        echo_small = round_trips(co, echo, small, args.reps)
+        echo_small = round_trips(co, echo, small, args.reps, pids)
         print(
             f"64 KiB round trip: jaxcluster {echo_small['ours_ms'] * 1e3:.0f} us, echo "
             f"{echo_small['echo_ms'] * 1e3:.0f} us"

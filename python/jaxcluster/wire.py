@@ -184,6 +184,10 @@ def _shared(buffer: pickle.PickleBuffer) -> Any:
         root = base
     if _is_core_buffer(root):  # received bytes (immutable) or a borrowed jax.Array
         return root.within(view)
+    if type(root) is bytes:  # e.g. numpy.frombuffer(b"..."): immutable too
+        from jaxcluster._native import core
+
+        return core.Buffer.borrow(root).within(view)
     return buffer
 
 

@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn split_and_assemble_round_trip_at_the_boundaries() {
         let limit = 64; // chunks of 32 bytes
-        for size in [0, 1, 31, 32, 33, 64, 65, 1000] {
+        for size in [0_usize, 1, 31, 32, 33, 64, 65, 1000] {
             let encoded: Bytes = (0..size)
                 .map(|i| (i % 251) as u8)
                 .collect::<Vec<_>>()
