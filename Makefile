@@ -1,11 +1,20 @@
 # jaxcluster developer targets. `make help` lists them.
 PYTHON ?= python3
 PIP ?= $(PYTHON) -m pip
+# zizmor (a dev extra) ships a binary, installed beside the interpreter's scripts.
+ZIZMOR ?= $(dir $(shell command -v $(PYTHON)))zizmor
 # `--release` makes `cargo test` share the release wheel's build (what .ci/run does).
 CARGO_PROFILE ?=
+# `make wheel` builds with its own virtualenv of maturin and zig, made on first use.
+BUILD_VENV ?= .venv/build
+BUILD_PY := $(BUILD_VENV)/bin/python
+# The Linux wheels: manylinux2014 (glibc 2.17), linked by zig, no container needed.
+WHEEL_ARCH ?= $(shell uname -m)
+MATURIN_ZIG = PATH="$(CURDIR)/$(BUILD_VENV)/bin:$$PATH" $(BUILD_PY) -m maturin build --release \
+	--zig --compatibility manylinux2014 --out dist
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test check test-rust test-python lint fmt bench bench-rust bench-python wheel
+.PHONY: help install demo test check test-rust test-python lint fmt bench bench-rust bench-python wheel wheels sdist
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -29,12 +38,13 @@ test-rust: ## Rust unit, property and stress tests of the core (no interpreter n
 test-python: ## Python tests against the installed package
 	$(PYTHON) -m pytest -q
 
-lint: ## rustfmt, clippy (pedantic), ruff, stubtest of _core.pyi
+lint: ## rustfmt, clippy (pedantic), ruff, stubtest of _core.pyi, zizmor on the workflows
 	cargo fmt --check
 	cargo clippy --all-targets --features python -- -D warnings
 	$(PYTHON) -m ruff check python tests benches
 	$(PYTHON) -m ruff format --check python tests benches
 	$(PYTHON) -m mypy.stubtest jaxcluster._core --allowlist .stubtest-allowlist
+	$(ZIZMOR) --offline --quiet .github/workflows
 
 fmt: ## Format Rust and Python sources
 	cargo fmt
@@ -51,5 +61,21 @@ bench-python: ## Python-side ratios vs pure-Python / grpcio references (needs a 
 	$(PYTHON) benches/coordinator_bench.py
 	$(PYTHON) benches/ps_bench.py
 
-wheel: ## Build a release wheel into dist/
-	maturin build --release --out dist
+$(BUILD_PY):
+	$(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_PY) -m pip install -q --upgrade pip 'maturin>=1.9,<2' ziglang
+
+wheel: $(BUILD_PY) ## Build the release wheel for this machine's arch into dist/ (manylinux2014 on Linux)
+ifeq ($(shell uname -s),Linux)
+	$(MATURIN_ZIG) --target $(WHEEL_ARCH)-unknown-linux-gnu
+else
+	$(BUILD_PY) -m maturin build --release --out dist
+endif
+
+wheels: $(BUILD_PY) ## Linux: manylinux2014 wheels for x86_64 and aarch64 into dist/
+	rustup target add x86_64-unknown-linux-gnu aarch64-unknown-linux-gnu
+	$(MATURIN_ZIG) --target x86_64-unknown-linux-gnu
+	$(MATURIN_ZIG) --target aarch64-unknown-linux-gnu
+
+sdist: $(BUILD_PY) ## The source distribution into dist/
+	$(BUILD_PY) -m maturin sdist --out dist

@@ -1,5 +1,6 @@
 """Prints a pip constraints file pinning every dependency pyproject.toml declares (the
-runtime ones and the given extras) to its lower bound: ``name>=1.2`` becomes
+runtime ones and the given extras, including extras an extra names, such as
+``jaxcluster[all]`` inside ``test``) to its lower bound: ``name>=1.2`` becomes
 ``name==1.2``. CI installs with it to test the bottom of every declared range.
 
 Usage: python .ci/lowest_constraints.py [EXTRA ...] > constraints.txt
@@ -26,15 +27,35 @@ def lower_bound(specifiers: str) -> str | None:
     return None
 
 
+def requirements_of(project: dict, extras: list[str]) -> list[str]:
+    """The runtime requirements plus those of ``extras``, following self-references such as
+    ``jaxcluster[k8s,gcp]`` inside an extra (each extra once)."""
+    optional = project.get("optional-dependencies", {})
+    requirements = list(project.get("dependencies", []))
+    pending, seen = list(extras), set()
+    while pending:
+        extra = pending.pop()
+        if extra in seen:
+            continue
+        if extra not in optional:
+            raise KeyError(f"unknown extra {extra!r}; pyproject.toml has {sorted(optional)}")
+        seen.add(extra)
+        for requirement in optional[extra]:
+            match = REQUIREMENT.match(requirement)
+            if match and match.group(1).lower() == project["name"].lower():
+                pending.extend(e.strip() for e in (match.group(2) or "[]")[1:-1].split(",") if e)
+            else:
+                requirements.append(requirement)
+    return requirements
+
+
 def main(extras: list[str]) -> int:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    requirements = list(project.get("dependencies", []))
-    optional = project.get("optional-dependencies", {})
-    for extra in extras:
-        if extra not in optional:
-            print(f"unknown extra {extra!r}; pyproject.toml has {sorted(optional)}", file=sys.stderr)
-            return 2
-        requirements.extend(optional[extra])
+    try:
+        requirements = requirements_of(project, extras)
+    except KeyError as exc:
+        print(exc.args[0], file=sys.stderr)
+        return 2
     pins: dict[str, str] = {}
     for requirement in requirements:
         match = REQUIREMENT.match(requirement)
@@ -42,8 +63,6 @@ def main(extras: list[str]) -> int:
             print(f"cannot parse requirement {requirement!r}", file=sys.stderr)
             return 2
         name, _extras, specifiers, marker = match.groups()
-        if name.lower() == project["name"].lower():
-            continue  # a self-reference such as jaxcluster[test] in an extra
         version = lower_bound(specifiers)
         if version is not None:
             pins[name.lower()] = f"{name}=={version}" + (f" {marker}" if marker else "")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -81,22 +82,58 @@ def test_overrides_from_flags() -> None:
 def test_env_output_evals_in_a_shell_for_slurm() -> None:
     result = _run("--format", "env", env=SLURM)
     assert result.returncode == 0, result.stderr
+    exported = sorted(
+        line.split("=", 1)[0].removeprefix("export ")
+        for line in result.stdout.splitlines()
+        if line.startswith("export ")
+    )
+    # Only what something reads: TF, jaxcluster and JAX read these; JAX reads no
+    # JAX_NUM_PROCESSES / JAX_PROCESS_ID, so they are not exported.
+    assert exported == ["JAX_COORDINATOR_ADDRESS", "JAX_COORDINATOR_PORT", "TF_CONFIG"]
+    assert "num_processes=4, process_id=3" in result.stdout
 
     # Let a real shell evaluate the lines, then read back what it exported.
-    script = f'{result.stdout}\nprintf "%s\\n" "$TF_CONFIG" "$JAX_COORDINATOR_ADDRESS" ' + (
-        '"$JAX_NUM_PROCESSES" "$JAX_PROCESS_ID"'
-    )
+    script = f'{result.stdout}\nprintf "%s\\n" "$TF_CONFIG" "$JAX_COORDINATOR_ADDRESS"'
     shell = subprocess.run(
         ["bash", "-c", script], capture_output=True, text=True, check=True, timeout=30
     )
-    tf_config, coordinator, num, pid = shell.stdout.splitlines()
+    tf_config, coordinator = shell.stdout.splitlines()
     assert json.loads(tf_config) == {
         "cluster": {"worker": ["gpu09:8888", "gpu09:8889", "gpu10:8888", "gpu10:8889"]},
         "task": {"type": "worker", "index": 3},
         "rpc_layer": "grpc",
     }
     # The coordinator port is the one jax.distributed derives from SLURM_JOB_ID=42.
-    assert (coordinator, num, pid) == (f"gpu09:{42 % 4096 + 61440}", "4", "3")
+    assert coordinator == f"gpu09:{42 % 4096 + 61440}"
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash to eval the output")
+def test_exported_variables_are_enough_for_jaxcluster_initialize() -> None:
+    """eval the output, drop the environment it came from, and initialise a real one-process
+    jax.distributed from what was exported."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    source = {"JAXCLUSTER_WORKERS": f"127.0.0.1:{port}", "JAXCLUSTER_TASK_ID": "0"}
+    result = _run("--format", "env", env=source)
+    assert result.returncode == 0, result.stderr
+    child = (
+        "import jax, jaxcluster, os; "
+        "assert 'JAXCLUSTER_WORKERS' not in os.environ; "
+        "args = jaxcluster.initialize(); "
+        "print(args['coordinator_address'], os.environ['JAX_COORDINATOR_ADDRESS'], "
+        "jax.process_count(), jax.process_index()); "
+        "jax.distributed.shutdown()"
+    )
+    script = f"{result.stdout}\nunset JAXCLUSTER_WORKERS JAXCLUSTER_TASK_ID\n"
+    script += f"exec {shlex.quote(sys.executable)} -c {shlex.quote(child)}"
+    shell = subprocess.run(
+        ["bash", "-c", script], env=bare_env(), capture_output=True, text=True, timeout=120
+    )
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.split() == [f"127.0.0.1:{port}", f"127.0.0.1:{port}", "1", "0"]
 
 
 def test_explain_output_shows_provenance() -> None:

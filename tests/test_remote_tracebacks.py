@@ -150,6 +150,33 @@ def test_a_jit_function_the_coordinator_could_not_export_names_the_users_line(
     assert 'raise ValueError(f"batch of {x.shape[0]} is too large")' in text
 
 
+def test_an_exported_function_that_fails_on_the_worker_names_its_definition() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    @jax.jit
+    def log_of(x: Any) -> Any:  # the exported definition
+        return jnp.log(x)
+
+    # With JAX_DEBUG_NANS a NaN raises on the worker, inside the exported computation,
+    # whose traceback has none of the user's frames.
+    with (
+        local_cluster(1, JAX_DEBUG_NANS="true") as cluster,
+        cluster.coordinator(error_policy="per_closure") as coordinator,
+    ):
+        assert coordinator.metrics()["functions_registered"] == 0
+        ok = coordinator.schedule(log_of, args=(np.ones(2, np.float32),)).fetch()
+        np.testing.assert_array_equal(ok, [0.0, 0.0])
+        rv = coordinator.schedule(log_of, args=(-np.ones(2, np.float32),))
+        with pytest.raises(FloatingPointError) as info:
+            rv.fetch()
+    text = remote_traceback(info.value)
+    line = line_of("# the exported definition")
+    assert "as a jax.export of:" in text
+    assert f'File "{HERE}", line {line}, in log_of' in text
+    assert "def log_of(x: Any) -> Any:  # the exported definition" in text
+
+
 # --- the pickling itself, in one process ------------------------------------------------
 
 

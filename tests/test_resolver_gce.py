@@ -75,9 +75,10 @@ def test_master_and_overrides(api: FakeComputeServer) -> None:
     resolver.task_id = 0
     resolver.rpc_layer = None
     assert resolver.master() == "10.0.0.1:8470"
-    resolver.task_type = "worker"
-    assert resolver.cluster_spec().jobs == ["worker"]
-    assert (resolver.task_type, resolver.task_id, resolver.rpc_layer) == ("worker", 0, None)
+    with pytest.raises(RuntimeError, match="cannot be changed"):
+        resolver.task_type = "worker"
+    assert resolver.cluster_spec().jobs == ["ps"]
+    assert (resolver.task_type, resolver.task_id, resolver.rpc_layer) == ("ps", 0, None)
 
 
 def test_versioned_endpoint_is_accepted(api: FakeComputeServer) -> None:

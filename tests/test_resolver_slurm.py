@@ -251,10 +251,15 @@ def test_bad_slurm_environment_names_the_variable(monkeypatch, changes, error, f
         SlurmClusterResolver()
 
 
+def test_more_gpus_than_a_node_has_is_a_runtime_error_as_in_tf(monkeypatch):
+    _slurm(monkeypatch, rank=0, nodes="n[1-2]", per_node="2(x2)", num_tasks=4)
+    with pytest.raises(RuntimeError, match="requested 3 GPUs per task"):
+        SlurmClusterResolver(gpus_per_node=4, gpus_per_task=3)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "fragment"),
     [
-        ({"gpus_per_task": 3}, "requested 3 GPUs per task"),
         ({"gpus_per_node": -1}, "gpus_per_node is -1"),
         ({"port_base": 65535}, "passes port 65535"),
         ({"port_base": "http"}, "port_base is 'http'"),

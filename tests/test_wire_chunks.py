@@ -94,6 +94,25 @@ def test_stream_round_trips_at_every_chunk_boundary(worker: WorkerProc) -> None:
         dispatcher.shutdown()
 
 
+def test_byte_counters_count_a_chunked_value_once(worker: WorkerProc) -> None:
+    dispatcher = _dispatch(worker)
+    client = worker.client(TOKEN)
+    try:
+        fn_hash = _registered(dispatcher.register_function, identity)
+        _run(dispatcher, fn_hash, make(16, 0))  # stream open, function registered
+        before = client.get_status()
+        x = make(10 * LIMIT + 5, 3)  # eleven chunks each way
+        np.testing.assert_array_equal(_run(dispatcher, fn_hash, x), x)
+        after = client.get_status()
+        for key in ("closure_bytes_received", "closure_bytes_sent"):
+            moved = after[key] - before[key]
+            # The array plus its pickle (a few hundred bytes): counted once, not per chunk
+            # and not with the chunks' framing.
+            assert x.nbytes <= moved < x.nbytes + 1024, (key, moved, x.nbytes)
+    finally:
+        dispatcher.shutdown()
+
+
 def test_unary_calls_take_and_give_large_values_in_chunks(worker: WorkerProc) -> None:
     client = worker.client(TOKEN, max_message_bytes=LIMIT)
     payload = functions.pickle_function(checksum)

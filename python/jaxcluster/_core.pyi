@@ -178,6 +178,7 @@ class WorkerServer:
         devices: Sequence[tuple[str, str]] = ...,
         jax_version: str = ...,
         platform: str = ...,
+        device_kind: str = ...,
         tls_cert: bytes | None = None,
         tls_key: bytes | None = None,
     ) -> Self:
@@ -185,8 +186,8 @@ class WorkerServer:
 
         Raises ``ValueError`` for a bad setting, including a non-loopback address without
         ``auth_token``, and ``OSError`` when the address cannot be bound. ``devices`` are
-        ``(tf_name, device_type)`` pairs reported by ``ListDevices``; ``max_message_bytes``
-        defaults to 64 MiB.
+        ``(tf_name, device_type)`` pairs reported by ``ListDevices``; ``device_kind`` (e.g.
+        ``"TPU v4"``) is reported by ``GetStatus``; ``max_message_bytes`` defaults to 64 MiB.
         """
 
     @property
@@ -656,11 +657,14 @@ class Dispatcher:
         closure is cancelled with the rest (as TF does). ``ValueError`` for an unknown
         function or a released resource; ``RuntimeError`` after :meth:`shutdown`."""
 
-    def create_resource(self, function_hash: bytes) -> PerWorkerResource:
+    def create_resource(self, function_hash: bytes, *, rebuild: bool = True) -> PerWorkerResource:
         """Builds a per-worker resource: each worker runs the registered function (no
         arguments) and keeps the result, ahead of the closures queued after this call.
         Returns at once; never raises the function's error (a closure using a resource whose
-        build failed on its worker fails with ``ClosureInputError``)."""
+        build failed on its worker fails with ``ClosureInputError``). With ``rebuild`` a
+        worker that failed or restarted builds it again when it returns; without, it is
+        ``'lost'`` there and closures using it there fail with ``ClosureInputError``
+        around an ``AbortedError``."""
 
     def join(self, timeout: float | None = None) -> bool:
         """Waits until nothing is queued or running: ``True``, or ``False`` when
@@ -727,9 +731,10 @@ class PerWorkerResource:
     def resource_id(self) -> int:
         """What closure arguments carry (``wire.ResourceRef(resource_id)``)."""
 
-    def state(self, worker: int) -> Literal["pending", "ready", "failed", "aborted"]:
+    def state(self, worker: int) -> Literal["pending", "ready", "failed", "aborted", "lost"]:
         """The resource's state on ``worker`` (``IndexError`` when out of range); aborted
-        when lost with its worker (rebuilt when it returns) or released."""
+        when lost with its worker (rebuilt when it returns) or released; lost when lost
+        with its worker and created with ``rebuild=False``."""
 
     def release(self) -> None:
         """Releases it on every worker now; later schedules with it raise ``ValueError``.

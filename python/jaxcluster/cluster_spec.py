@@ -9,7 +9,7 @@ import operator
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ClusterSpec"]
+__all__ = ["ClusterDef", "ClusterSpec", "JobDef"]
 
 # What ``ClusterSpec(...)`` accepts for one job: dense list/tuple or sparse index -> address.
 TaskContainer = list[str] | tuple[str, ...] | Mapping[Any, str]
@@ -54,6 +54,58 @@ def _as_index(value: object, job: str) -> int:
     return index
 
 
+class JobDef(dict[str, Any]):
+    """One job of a :class:`ClusterDef`: ``{"name": str, "tasks": {index: address}}``, also
+    readable as ``job.name`` and ``job.tasks`` like TF's ``JobDef`` message."""
+
+    @property
+    def name(self) -> str:
+        return self["name"]  # type: ignore[no-any-return]
+
+    @property
+    def tasks(self) -> dict[int, str]:
+        return self["tasks"]  # type: ignore[no-any-return]
+
+
+class ClusterDef(dict[str, Any]):
+    """What :meth:`ClusterSpec.as_cluster_def` returns: ``tf.train.ClusterDef``'s shape as plain
+    data, ``{"job": [JobDef, ...]}`` sorted by job name and task index.
+
+    It is a ``dict`` (compares with ``==``, serialises to JSON) whose ``job`` attribute lists
+    the jobs as TF's message does, and ``ClusterSpec(cluster_def)`` rebuilds the spec.
+    """
+
+    @property
+    def job(self) -> list[JobDef]:
+        return self["job"]  # type: ignore[no-any-return]
+
+
+def _cluster_def_jobs(cluster: object) -> list[tuple[object, object]] | None:
+    """``[(name, tasks), ...]`` when ``cluster`` is a cluster def — ours, the same dict after a
+    JSON round trip, or any object shaped like TF's ``ClusterDef`` message (``.job``, each
+    with ``.name`` and ``.tasks``) — else ``None``.
+
+    Unambiguous against a job literally named ``"job"``: that job's tasks would be address
+    strings, never records with a name.
+    """
+    if isinstance(cluster, Mapping):
+        if set(cluster) != {"job"}:
+            return None
+        jobs = cluster["job"]
+        if not isinstance(jobs, (list, tuple)) or not jobs:
+            return None
+        if all(isinstance(j, Mapping) and "name" in j for j in jobs):
+            return [(j["name"], j.get("tasks", {})) for j in jobs]
+        return None
+    jobs = getattr(cluster, "job", None)
+    if jobs is None or isinstance(cluster, (str, bytes)):
+        return None
+    try:
+        return [(j.name, dict(j.tasks)) for j in jobs]
+    except (AttributeError, TypeError):
+        return None
+
+
 class ClusterSpec:
     """The jobs of a cluster, each a set of tasks with network addresses.
 
@@ -81,13 +133,21 @@ class ClusterSpec:
         if isinstance(cluster, ClusterSpec):
             self._cluster = {job: dict(tasks) for job, tasks in cluster._cluster.items()}
             return
-        if not isinstance(cluster, Mapping):
+        items = _cluster_def_jobs(cluster)
+        if items is None:
+            if not isinstance(cluster, Mapping):
+                raise TypeError(
+                    "ClusterSpec expects a dict mapping job names to lists (or index->address "
+                    "dicts) of addresses, a cluster def (as_cluster_def()), or another "
+                    f"ClusterSpec; got {type(cluster).__name__} {cluster!r}"
+                )
+            items = list(cluster.items())
+        elif any(not isinstance(tasks, Mapping) for _, tasks in items):
             raise TypeError(
-                "ClusterSpec expects a dict mapping job names to lists (or index->address "
-                f"dicts) of addresses, or another ClusterSpec; got {type(cluster).__name__} "
-                f"{cluster!r}"
+                "each job of a cluster def must map task indices to addresses, as "
+                f"as_cluster_def() gives; got {cluster!r}"
             )
-        for raw_job, tasks in cluster.items():
+        for raw_job, tasks in items:
             job = _as_str(raw_job, "job name")
             if job in self._cluster:
                 raise ValueError(f"job {job!r} is given twice (as {raw_job!r})")
@@ -170,18 +230,19 @@ class ClusterSpec:
                 result[job] = dict(tasks)
         return result
 
-    def as_cluster_def(self) -> dict[str, list[dict[str, Any]]]:
+    def as_cluster_def(self) -> ClusterDef:
         """The spec in ``tf.train.ClusterDef``'s shape, jobs and tasks sorted.
 
-        ``{"job": [{"name": "worker", "tasks": {0: "w0:2222"}}, ...]}`` — plain data that
-        compares with ``==`` and serialises to JSON without protobuf.
+        ``{"job": [{"name": "worker", "tasks": {0: "w0:2222"}}, ...]}`` — a :class:`ClusterDef`,
+        plain data that compares with ``==``, serialises to JSON without protobuf, and turns
+        back into this spec with ``ClusterSpec(cluster_def)``.
         """
-        return {
-            "job": [
-                {"name": job, "tasks": dict(sorted(tasks.items()))}
+        return ClusterDef(
+            job=[
+                JobDef(name=job, tasks=dict(sorted(tasks.items())))
                 for job, tasks in sorted(self._cluster.items())
             ]
-        }
+        )
 
     def __bool__(self) -> bool:
         return bool(self._cluster)

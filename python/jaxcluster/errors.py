@@ -28,7 +28,9 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "JaxClusterError",
+    "MissingExtraError",
     "NotFoundError",
+    "OutOfRangeError",
     "PSUnavailableError",
     "RemoteError",
     "ResourceExhaustedError",
@@ -134,6 +136,36 @@ class InternalError(JaxClusterError):
 
 class FailedPreconditionError(JaxClusterError):
     """The system is not in a state where the operation can run (gRPC ``FAILED_PRECONDITION``)."""
+
+
+class OutOfRangeError(JaxClusterError, StopIteration):
+    """An iterator is exhausted: ``next()`` on a per-worker iterator past its last element.
+
+    TF raises ``tf.errors.OutOfRangeError`` there, and ported code catches it around
+    ``schedule``/``join``/``fetch``. It is also a ``StopIteration``, so a ``for`` loop over a
+    per-worker iterator inside a closure simply ends.
+
+    Example::
+
+        try:
+            while True:
+                coordinator.schedule(step, args=(per_worker_iterator,))
+        except errors.OutOfRangeError:
+            pass  # one worker's iterator ran out: the epoch is over
+    """
+
+
+class MissingExtraError(JaxClusterError, ImportError):
+    """An optional dependency of the feature in use is not installed.
+
+    ``extra`` names the jaxcluster extra that brings it and ``install`` is the command to run,
+    e.g. ``pip install 'jaxcluster[k8s]'``.
+    """
+
+    def __init__(self, message: str, *, extra: str, name: str | None = None) -> None:
+        super().__init__(message, name=name)
+        self.extra = extra
+        self.install = f"pip install 'jaxcluster[{extra}]'"
 
 
 def _unwrap(exc: BaseException | None) -> BaseException | None:

@@ -283,10 +283,13 @@ impl Dispatcher {
 
     /// Creates a per-worker resource: each worker runs the registered function
     /// `function_hash` (no arguments) and keeps the result. Returns at once; the builds
-    /// are queued for each worker ahead of its closures.
+    /// are queued for each worker ahead of its closures. With `rebuild`, a worker that
+    /// failed or restarted builds it again when it returns (as for datasets); without,
+    /// the resource is `Lost` on that worker and closures using it there fail.
     pub fn create_resource(
         &self,
         function_hash: &[u8],
+        rebuild: bool,
     ) -> Result<PerWorkerResource, DispatchError> {
         let function = self
             .shared
@@ -299,6 +302,7 @@ impl Dispatcher {
         let inner = Arc::new(ResourceInner::new(
             NEXT_RESOURCE_ID.fetch_add(1, Ordering::Relaxed),
             function,
+            rebuild,
             workers,
             Arc::downgrade(&self.shared),
         ));

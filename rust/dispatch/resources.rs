@@ -22,6 +22,10 @@ pub enum ResourceState {
     /// Lost with its worker, given up, or released; rebuilt when the worker returns unless
     /// released.
     Aborted,
+    /// Lost with its worker and not to be rebuilt (the resource was created with
+    /// `rebuild = false`): closures using it on this worker fail with an input error
+    /// carrying this, so nothing runs on a silently re-initialised value.
+    Lost(Arc<ClosureFailure>),
 }
 
 impl ResourceState {
@@ -32,6 +36,7 @@ impl ResourceState {
             Self::Ready => "ready",
             Self::Failed(_) => "failed",
             Self::Aborted => "aborted",
+            Self::Lost(_) => "lost",
         }
     }
 }
@@ -41,16 +46,26 @@ impl ResourceState {
 pub(crate) struct ResourceInner {
     pub id: u64,
     pub function: Arc<Function>,
+    /// Whether a worker that lost the resource (it failed or restarted) builds it again;
+    /// if not, the resource is `Lost` there.
+    pub rebuild: bool,
     states: Mutex<Vec<ResourceState>>,
     released: AtomicBool,
     owner: Weak<Shared>,
 }
 
 impl ResourceInner {
-    pub fn new(id: u64, function: Arc<Function>, workers: usize, owner: Weak<Shared>) -> Self {
+    pub fn new(
+        id: u64,
+        function: Arc<Function>,
+        rebuild: bool,
+        workers: usize,
+        owner: Weak<Shared>,
+    ) -> Self {
         Self {
             id,
             function,
+            rebuild,
             states: Mutex::new(vec![ResourceState::Pending; workers]),
             released: AtomicBool::new(false),
             owner,
@@ -92,6 +107,39 @@ impl ResourceInner {
             *slot = ResourceState::Ready;
         }
         true
+    }
+
+    /// `worker` failed (`why`, at `address`): a resource it held becomes `Aborted` (to be
+    /// rebuilt when the worker returns) or, when it is not to be rebuilt, `Lost`. One never
+    /// built there stays buildable.
+    pub fn worker_failed(&self, worker: usize, address: &str, why: &str) {
+        let mut states = self.states();
+        if self.is_released() {
+            return;
+        }
+        let Some(slot) = states.get_mut(worker) else {
+            return;
+        };
+        *slot = match slot {
+            ResourceState::Ready if !self.rebuild => {
+                ResourceState::Lost(Arc::new(ClosureFailure::infra(
+                    tonic::Code::Aborted,
+                    format!(
+                        "per-worker value {} was lost on worker {address}: {why}; it was \
+                         created not to be rebuilt (on_worker_restart='lose')",
+                        self.id
+                    ),
+                    address,
+                )))
+            }
+            ResourceState::Lost(failure) => ResourceState::Lost(Arc::clone(failure)),
+            _ => ResourceState::Aborted,
+        };
+    }
+
+    /// Whether the resource was lost on `worker` for good.
+    pub fn is_lost(&self, worker: usize) -> bool {
+        matches!(self.state(worker), ResourceState::Lost(_))
     }
 
     /// A queued creation for `worker` was cancelled: it will not be built there now.
@@ -163,7 +211,7 @@ impl std::fmt::Debug for ResourceInner {
 /// ```no_run
 /// # use _core::dispatch::Dispatcher;
 /// # fn demo(dispatcher: &Dispatcher, dataset_fn: &[u8; 32]) {
-/// let iterators = dispatcher.create_resource(dataset_fn).unwrap();
+/// let iterators = dispatcher.create_resource(dataset_fn, true).unwrap();
 /// println!("resource {} on worker 0: {}", iterators.id(), iterators.state(0).label());
 /// iterators.release();
 /// # }

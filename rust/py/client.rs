@@ -48,6 +48,10 @@ pub(crate) fn status_dict<'py>(
     d.set_item("jaxcluster_version", &s.jaxcluster_version)?;
     d.set_item("jax_version", &s.jax_version)?;
     d.set_item("platform", &s.platform)?;
+    d.set_item("device_count", s.device_count)?;
+    d.set_item("device_kind", &s.device_kind)?;
+    d.set_item("closure_bytes_received", s.closure_bytes_received)?;
+    d.set_item("closure_bytes_sent", s.closure_bytes_sent)?;
     d.set_item("functions_registered", s.functions_registered)?;
     d.set_item("closures_run", s.closures_run)?;
     d.set_item("closures_failed", s.closures_failed)?;

@@ -141,14 +141,16 @@ impl PyDispatcher {
         }
     }
 
+    #[pyo3(signature = (function_hash, *, rebuild = true))]
     fn create_resource(
         &self,
         py: Python<'_>,
         function_hash: &[u8],
+        rebuild: bool,
     ) -> PyResult<PyPerWorkerResource> {
         let inner = self
             .inner
-            .create_resource(function_hash)
+            .create_resource(function_hash, rebuild)
             .map_err(|e| dispatch_error(py, e))?;
         Ok(PyPerWorkerResource { inner })
     }

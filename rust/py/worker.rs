@@ -37,6 +37,7 @@ impl PyWorkerServer {
     #[pyo3(signature = (address="127.0.0.1:0", *, auth_token=None, worker_index=0,
                         max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, devices=Vec::new(),
                         jax_version=String::new(), platform=String::new(),
+                        device_kind=String::new(),
                         tls_cert=None, tls_key=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -48,6 +49,7 @@ impl PyWorkerServer {
         devices: Vec<(String, String)>,
         jax_version: String,
         platform: String,
+        device_kind: String,
         tls_cert: Option<Vec<u8>>,
         tls_key: Option<Vec<u8>>,
     ) -> PyResult<Self> {
@@ -64,6 +66,7 @@ impl PyWorkerServer {
                 .collect(),
             jax_version,
             platform,
+            device_kind,
         };
         let server = block_detached(py, WorkerServer::start(config))?.map_err(worker_error)?;
         Ok(Self {

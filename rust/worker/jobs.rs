@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use tonic::Status;
 
-use super::stats::Stats;
+use super::stats::{value_bytes, Stats};
 use super::store::StoredFunction;
 use super::stream::ClosureStream;
 use crate::rpc::pb;
@@ -191,6 +191,11 @@ fn count_reply(stats: &Stats, reply: &JobReply) {
     match reply {
         JobReply::Run(response) => {
             stats.closures_run.fetch_add(1, Ordering::Relaxed);
+            if let Some(pb::run_closure_response::Outcome::Result(value)) = &response.outcome {
+                stats
+                    .bytes_sent
+                    .fetch_add(value_bytes(value), Ordering::Relaxed);
+            }
             if matches!(
                 response.outcome,
                 Some(pb::run_closure_response::Outcome::Error(_)) | None

@@ -72,6 +72,8 @@ pub struct WorkerConfig {
     pub jax_version: String,
     /// Reported by `GetStatus` (`cpu`, `gpu`, `tpu`).
     pub platform: String,
+    /// Reported by `GetStatus`: the devices' `device_kind` (e.g. `"TPU v5 lite"`).
+    pub device_kind: String,
     /// Serve TLS with this certificate and key; plaintext when `None`.
     pub tls: Option<crate::rpc::tls::ServerTls>,
 }
@@ -86,6 +88,7 @@ impl Default for WorkerConfig {
             devices: Vec::new(),
             jax_version: String::new(),
             platform: String::new(),
+            device_kind: String::new(),
             tls: None,
         }
     }
@@ -145,6 +148,7 @@ impl WorkerServer {
             jax_version: config.jax_version,
             platform: config.platform,
             devices: config.devices,
+            device_kind: config.device_kind,
             max_message_bytes: limit,
             store: FunctionStore::default(),
             queue: Arc::new(JobQueue::new(Arc::clone(&counters), config.worker_index)),

@@ -13,7 +13,7 @@ use prost::Message;
 use tonic::Status;
 
 use super::jobs::{JobQueue, JobReply, JobRequest};
-use super::stats::Stats;
+use super::stats::{value_bytes, Stats};
 use super::store::{FunctionStore, StoredFunction};
 use super::validate;
 use crate::rpc::limits::too_large;
@@ -27,8 +27,10 @@ pub struct WorkerState {
     pub jax_version: String,
     /// Reported in `GetStatus`.
     pub platform: String,
-    /// Reported by `ListDevices`.
+    /// Reported by `ListDevices` (their number by `GetStatus`).
     pub devices: Vec<pb::Device>,
+    /// The devices' `device_kind`, reported by `GetStatus`.
+    pub device_kind: String,
     /// Largest request or response, in bytes.
     pub max_message_bytes: usize,
     /// Registered functions.
@@ -69,6 +71,10 @@ impl WorkerState {
             pid: u64::from(std::process::id()),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             protocol_revision: PROTOCOL_REVISION,
+            device_count: self.devices.len() as u32,
+            device_kind: self.device_kind.clone(),
+            closure_bytes_received: load(&self.stats.bytes_received),
+            closure_bytes_sent: load(&self.stats.bytes_sent),
         }
     }
 
@@ -106,9 +112,18 @@ impl WorkerState {
         self.lookup(&hash)
     }
 
+    fn count_received(&self, args: Option<&pb::Value>) {
+        if let Some(args) = args {
+            self.stats
+                .bytes_received
+                .fetch_add(value_bytes(args), Ordering::Relaxed);
+        }
+    }
+
     /// The job for a `RunClosure` request, unary or streamed.
     pub fn run_job(&self, request: pb::RunClosureRequest) -> Result<JobRequest, Status> {
         let function = self.checked_function(&request.function_hash, request.args.as_ref())?;
+        self.count_received(request.args.as_ref());
         Ok(JobRequest::Run {
             closure_id: request.closure_id,
             function,
@@ -122,6 +137,7 @@ impl WorkerState {
         request: pb::CreateResourceRequest,
     ) -> Result<JobRequest, Status> {
         let function = self.checked_function(&request.function_hash, request.args.as_ref())?;
+        self.count_received(request.args.as_ref());
         Ok(JobRequest::CreateResource {
             resource_id: request.resource_id,
             function,

@@ -21,6 +21,16 @@ pub struct Stats {
     pub unauthenticated: Arc<AtomicU64>,
     /// Requests refused as malformed, unknown or oversized.
     pub rejected: AtomicU64,
+    /// Bytes of closure and resource arguments received (pickle plus buffers).
+    pub bytes_received: AtomicU64,
+    /// Bytes of closure results sent (pickle plus buffers).
+    pub bytes_sent: AtomicU64,
+}
+
+/// The bytes a value carries: its pickle and its out-of-band buffers.
+pub fn value_bytes(value: &crate::rpc::pb::Value) -> u64 {
+    let buffers: usize = value.buffers.iter().map(bytes::Bytes::len).sum();
+    (value.pickle.len() + buffers) as u64
 }
 
 impl Stats {

@@ -17,18 +17,19 @@ import os
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import google.auth.exceptions
-import requests
-
+from jaxcluster._extras import require
 from jaxcluster.errors import (
     DeadlineExceededError,
     JaxClusterError,
     UnauthenticatedError,
     UnavailableError,
 )
+
+if TYPE_CHECKING:
+    import requests
 
 __all__ = [
     "CLOUD_PLATFORM_SCOPE",
@@ -100,6 +101,7 @@ def positive_timeout(value: object, name: str = "timeout") -> float:
 def load_credentials(credentials: object) -> Any:
     """``'default'`` (or ``None``, as in TF) → Application Default Credentials with the
     cloud-platform scope; a ``google.auth.credentials.Credentials`` → itself."""
+    require("gcp", "google.auth", "Google Cloud credentials")
     import google.auth
     import google.auth.credentials
     import google.auth.exceptions
@@ -148,6 +150,8 @@ def make_session(credentials: object, service: object) -> tuple[requests.Session
     ``service`` is TF's discovery-client argument; here it may be a ``requests.Session`` (e.g.
     an ``AuthorizedSession`` with your own adapters or proxies), used as given.
     """
+    requests = require("gcp", "requests", "Calling Google Cloud APIs")
+    require("gcp", "google.auth", "Calling Google Cloud APIs")
     if service is not None:
         if isinstance(service, requests.Session):
             return service, getattr(service, "credentials", None)
@@ -196,6 +200,9 @@ class GoogleAPI:
         self.base_url = check_base_url(base_url, "api_endpoint")
         self.timeout = positive_timeout(timeout)
         self.backoff = backoff or Backoff()
+        # The clients are an extra: say so when the resolver is made, not at its first call.
+        require("gcp", "requests", f"Calling the {name}")
+        require("gcp", "google.auth", f"Calling the {name}")
         if service is not None:
             make_session(credentials, service)  # type check now, not on first call
         self._credentials_arg = credentials
@@ -224,6 +231,9 @@ class GoogleAPI:
         :class:`GoogleAPIError` for an HTTP error, ``DeadlineExceededError`` when one request
         exceeds the timeout, ``UnavailableError`` when the endpoint cannot be reached.
         """
+        import google.auth.exceptions
+        import requests
+
         url = self.base_url + path.lstrip("/")
         session = self.session()
         attempts = self.backoff.attempts

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxcluster import errors
+from jaxcluster._extras import require
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class PodLister:
         context: str | None,
         service_account_dir: str | os.PathLike[str],
     ) -> PodLister:
+        require("k8s", "kubernetes", "KubernetesClusterResolver")
         from kubernetes import client
 
         if override_client is not None:

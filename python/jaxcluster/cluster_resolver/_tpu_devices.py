@@ -62,8 +62,18 @@ def check_lister(lister: object) -> DeviceLister | None:
 
 
 def call_lister(lister: DeviceLister) -> list[DeviceInfo]:
-    """Calls ``lister`` and checks that it returned ``(str, str)`` pairs."""
-    result = lister()
+    """Calls ``lister`` and checks that it returned ``(str, str)`` pairs.
+
+    A lister that raises (a timeout, an unreachable worker) gives ``RuntimeError``, as TF's
+    device listing does after its retries.
+    """
+    try:
+        result = lister()
+    except Exception as exc:
+        raise RuntimeError(
+            f"Cannot list the TPU's devices: device_lister {lister!r} raised "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
     try:
         items = list(result)
     except TypeError:

@@ -26,8 +26,7 @@ import re
 import time
 from dataclasses import dataclass
 
-import requests
-
+from jaxcluster._extras import require
 from jaxcluster.cluster_resolver._google import env_timeout, positive_timeout, snippet
 from jaxcluster.errors import DeadlineExceededError, NotFoundError, UnavailableError
 
@@ -36,6 +35,7 @@ __all__ = [
     "TPU_VM_WORKER_PORT",
     "MetadataServer",
     "TpuVm",
+    "is_running_in_gce",
     "metadata_host",
     "might_be_tpu_vm",
     "parse_tpu_env",
@@ -57,6 +57,39 @@ def metadata_host() -> tuple[str, str]:
         if value:
             return value.removeprefix("http://").rstrip("/"), f"from {name}"
     return METADATA_DEFAULT_HOST, "the default host"
+
+
+def is_running_in_gce(timeout: float | None = None) -> bool:
+    """Whether a GCE metadata server answers here (so this is a GCE or Cloud TPU VM).
+
+    One ``GET /`` to :func:`metadata_host` with ``Metadata-Flavor: Google``, no proxy, and a
+    short timeout (``GCE_METADATA_TIMEOUT``, default 3 s); ``True`` only when the answer
+    carries ``Metadata-Flavor: Google`` back, so a captive portal or another server on that
+    name does not count. Uses the standard library: it works without ``jaxcluster[gcp]``.
+
+    Example::
+
+        >>> is_running_in_gce()   # on a laptop, after at most the timeout
+        False
+    """
+    import urllib.error
+    import urllib.request
+
+    host, _source = metadata_host()
+    seconds = (
+        env_timeout("GCE_METADATA_TIMEOUT", DEFAULT_METADATA_TIMEOUT)
+        if timeout is None
+        else positive_timeout(timeout)
+    )
+    request = urllib.request.Request(f"http://{host}/", headers={"Metadata-Flavor": "Google"})
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=seconds) as response:
+            return response.headers.get("Metadata-Flavor") == "Google"
+    except urllib.error.HTTPError as exc:
+        return exc.headers.get("Metadata-Flavor") == "Google"
+    except (OSError, ValueError):  # URLError, timeouts, refused connections, bad host
+        return False
 
 
 class MetadataServer:
@@ -85,6 +118,7 @@ class MetadataServer:
             else positive_timeout(timeout)
         )
         self.attempts = attempts
+        requests = require("gcp", "requests", "Reading the GCE metadata server")
         self._session = requests.Session()
         # The metadata server is link-local: a proxy from the environment can only get in the way.
         self._session.trust_env = False
@@ -120,6 +154,8 @@ class MetadataServer:
                 "The metadata server exists only on Google Compute Engine and Cloud TPU VMs; "
                 "elsewhere set GCE_METADATA_HOST to one."
             )
+        import requests
+
         for attempt in range(self.attempts):
             try:
                 response = self._session.get(

@@ -109,32 +109,73 @@ class ClusterResolver(abc.ABC):
     ) -> dict[str, int]:
         """Accelerators by device type, e.g. ``{"GPU": 8}``; CPUs are not counted.
 
-        Counts JAX devices. On a CPU-only machine the result is empty, as in TF. When
-        ``jax.distributed`` is initialised and ``task_type``/``task_id`` name a task, only that
-        task's process's devices are counted; otherwise this process's local devices.
-        ``config_proto`` is accepted for TF compatibility and ignored.
+        Counts JAX devices, by TF-style device name
+        (``/job:<job>/replica:0/task:<id>/device:<TYPE>:<n>``). Without ``task_type`` and
+        ``task_id``: this process's local devices. With both: that task's devices only — every
+        process's devices are known once ``jax.distributed`` is initialised (the task's process
+        is found in :meth:`cluster_spec`'s process order); before that only this process's
+        own, named with this resolver's task, so another task counts ``{}`` (as in TF, which
+        counts the devices of the task's name among those it can see). On a CPU-only machine
+        the result is empty, as in TF. ``config_proto`` is accepted for TF compatibility and
+        ignored.
+
+        Example::
+
+            resolver.num_accelerators()                          # {'GPU': 8}
+            resolver.num_accelerators("worker", 3)               # {'GPU': 8} once distributed
 
         Note that listing devices initialises JAX's backends: call this after
         ``jaxcluster.initialize()`` in a multi-process job, not before.
         """
         del config_proto
+        from jaxcluster.devices import DeviceSpec
+
+        counts: collections.defaultdict[str, int] = collections.defaultdict(int)
+        whole_task = task_type is not None and task_id is not None
+        for name, kind in self._device_names((task_type, task_id) if whole_task else None):
+            if kind == "CPU":
+                continue
+            if whole_task:
+                # Parsed, not matched as text: '/task:1' must not match '/task:10' (it does
+                # in TF's substring test).
+                spec = DeviceSpec.from_string(name)
+                if spec.job != task_type or spec.task != int(task_id):  # type: ignore[arg-type]
+                    continue
+            counts[kind] += 1
+        return counts
+
+    def _device_names(self, task: tuple[Any, Any] | None) -> list[tuple[str, str]]:
+        """``(TF-style name, device type)`` of this process's devices, or, asked about a
+        ``task``, of every device JAX knows (all processes once ``jax.distributed`` is up;
+        ``ValueError`` when that task is not in the cluster spec)."""
         import jax  # deferred: importing jax costs a second and resolvers may not need it
 
-        devices = jax.local_devices()
-        if task_type is not None and task_id is not None and jax.process_count() > 1:
+        from jaxcluster.devices import device_type
+
+        if task is not None and jax.process_count() > 1:
             order = process_order(self.cluster_spec())
-            try:
-                process = order.index((task_type, int(task_id)))
-            except ValueError:
+            if (task[0], int(task[1])) not in order:
                 raise ValueError(
-                    f"task ({task_type!r}, {task_id!r}) is not in the cluster spec"
-                ) from None
-            devices = [d for d in jax.devices() if d.process_index == process]
-        counts: collections.defaultdict[str, int] = collections.defaultdict(int)
-        for device in devices:
-            if device.platform != "cpu":
-                counts[device.platform.upper()] += 1
-        return counts
+                    f"task ({task[0]!r}, {task[1]!r}) is not in the cluster spec "
+                    f"({self.cluster_spec().as_dict()!r})"
+                )
+            devices = list(jax.devices())
+            if any(d.process_index >= len(order) for d in devices):
+                raise ValueError(
+                    f"jax.distributed runs {jax.process_count()} processes but the cluster spec "
+                    f"has {len(order)} tasks ({self.cluster_spec().as_dict()!r}); the resolver "
+                    "does not describe this JAX cluster"
+                )
+            tasks = [order[d.process_index] for d in devices]
+        else:
+            devices = list(jax.local_devices())
+            own = (self.task_type, self.task_id)
+            task = own if own[0] is not None and own[1] is not None else ("localhost", 0)
+            tasks = [task] * len(devices)
+        return [
+            (f"/job:{job}/replica:0/task:{index}/device:{device_type(d)}:{d.id}", device_type(d))
+            for d, (job, index) in zip(devices, tasks, strict=True)
+        ]
 
     def jax_distributed_args(self, coordinator_port: int | str | None = None) -> dict[str, Any]:
         """Arguments for ``jax.distributed.initialize`` consistent with :meth:`cluster_spec`.

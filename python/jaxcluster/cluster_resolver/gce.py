@@ -92,9 +92,27 @@ class GCEClusterResolver(ClusterResolver):
             service=service,
             timeout=DEFAULT_API_TIMEOUT if timeout is None else positive_timeout(timeout),
         )
-        self.task_type = task_type
+        if task_type is not None and not isinstance(task_type, str):
+            raise TypeError(f"task_type must be a string; got {task_type!r}")
+        # Kept as given, '' included (TF does the same): it names the one job of the spec.
+        self._task_type = "worker" if task_type is None else task_type
         self.task_id = task_id
         self.rpc_layer = rpc_layer
+
+    @property
+    def task_type(self) -> str:
+        """The name of the job the instance group forms; fixed when the resolver is made."""
+        return self._task_type  # type: ignore[return-value]
+
+    @task_type.setter
+    def task_type(self, task_type: str | None) -> None:
+        # As TF: the job name is part of what this resolver resolves (a UnionClusterResolver
+        # merges by it), so changing it afterwards would silently move the group's tasks.
+        raise RuntimeError(
+            f"the task_type of a GCEClusterResolver is the name of its instance group's job "
+            f"({self._task_type!r}) and cannot be changed after it is made (tried "
+            f"{task_type!r}); make a new GCEClusterResolver(..., task_type={task_type!r})"
+        )
 
     @property
     def _zone_path(self) -> str:
@@ -168,7 +186,7 @@ class GCEClusterResolver(ClusterResolver):
         else:
             ips = [self._instance_ip(n) for n in names]
         workers = sorted(f"{ip}:{self._port}" for ip in ips)
-        return ClusterSpec({self.task_type or "worker": workers})
+        return ClusterSpec({self.task_type: workers})
 
     def master(
         self,

@@ -248,7 +248,8 @@ class SlurmClusterResolver(ClusterResolver):
             gpus_per_task = self._gpus_per_node // max(max_tasks_per_node, 1)
         self._gpus_per_task = _non_negative_int(gpus_per_task, "gpus_per_task")
         if max_tasks_per_node * self._gpus_per_task > self._gpus_per_node:
-            raise ValueError(
+            # RuntimeError, as TF: the request does not fit the nodes Slurm gave us.
+            raise RuntimeError(
                 f"requested {self._gpus_per_task} GPUs per task for up to "
                 f"{max_tasks_per_node} tasks on a node, but a node has {self._gpus_per_node} "
                 "GPUs; lower gpus_per_task or tasks per node"

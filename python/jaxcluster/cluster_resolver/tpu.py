@@ -37,14 +37,27 @@ from jaxcluster.cluster_resolver._tpu_devices import (
 from jaxcluster.cluster_resolver._tpu_metadata import (
     MetadataServer,
     TpuVm,
+    is_running_in_gce,
     might_be_tpu_vm,
     read_tpu_vm,
 )
 from jaxcluster.cluster_resolver._tpu_names import resolve_target
+from jaxcluster.cluster_resolver._tpu_topology import (
+    TPUHardwareFeature,
+    TPUTopology,
+    parse_topology,
+)
 from jaxcluster.cluster_resolver.base import ClusterResolver, format_master_url
 from jaxcluster.cluster_spec import ClusterSpec
 
-__all__ = ["DeviceInfo", "TPUClusterResolver", "TPUSystemMetadata"]
+__all__ = [
+    "DeviceInfo",
+    "TPUClusterResolver",
+    "TPUHardwareFeature",
+    "TPUSystemMetadata",
+    "TPUTopology",
+    "is_running_in_gce",
+]
 
 _NO_METADATA_ADVICE = (
     "Off a GCE or Cloud TPU VM, pass project= and zone= to TPUClusterResolver (or set "
@@ -172,6 +185,7 @@ class TPUClusterResolver(ClusterResolver):
         self._zone: str | None = None
         self._local_vm_cache: tuple[TpuVm | None] | None = None
         self._distributed_started = False
+        self._tpu_topology: TPUTopology | None = None
         self.task_type = job_name
         self.rpc_layer = "grpc"
 
@@ -281,6 +295,23 @@ class TPUClusterResolver(ClusterResolver):
     def get_job_name(self) -> str | None:
         """The job the TPU workers are in (``task_type``)."""
         return self.task_type
+
+    def get_coordination_service_leader(self) -> str:
+        """Where the coordination service runs: ``/job:<job>/task:0``, the first TPU worker
+        (also the ``jax.distributed`` coordinator :meth:`jax_distributed_args` picks)."""
+        return f"/job:{self.get_job_name()}/task:0"
+
+    # -- topology, as TF's TPU system initialisation reports it --------------------------------
+    def set_tpu_topology(self, serialized_tpu_topology: bytes) -> None:
+        """Stores the TPU topology: a serialized ``tensorflow.tpu.TopologyProto`` (what TF's
+        ``initialize_tpu_system`` produces). ``ValueError`` when the bytes are not one."""
+        self._tpu_topology = parse_topology(serialized_tpu_topology)
+
+    @property
+    def tpu_hardware_feature(self) -> TPUHardwareFeature | None:
+        """The stored topology's hardware features (embedding accelerator), or ``None`` before
+        :meth:`set_tpu_topology`."""
+        return None if self._tpu_topology is None else self._tpu_topology.tpu_hardware_feature
 
     # -- devices ------------------------------------------------------------------------------
     def _list_devices(self, task_type: str | None, task_id: int | None) -> list[DeviceInfo]:

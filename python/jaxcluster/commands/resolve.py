@@ -2,14 +2,20 @@
 
 ``--format json`` (default) prints the cluster spec, this task, the RPC layer, the master, the
 environment and the ``jax.distributed`` arguments, with where each came from; ``--format env``
-prints ``export`` lines a shell can ``eval`` (``TF_CONFIG``, ``JAX_COORDINATOR_ADDRESS``,
-``JAX_NUM_PROCESSES``, ``JAX_PROCESS_ID``); ``--format explain`` prints the human-readable
-report of :func:`jaxcluster.cluster_resolver.explain`. Exit status 0 on success, 1 when the
-cluster cannot be resolved (with a one-paragraph error on stderr).
+prints ``export`` lines a shell can ``eval``, of the variables something reads: ``TF_CONFIG``
+(read by TF, by ``TFConfigClusterResolver`` and so by ``jaxcluster.initialize()``, which then
+finds every ``jax.distributed`` argument), ``JAX_COORDINATOR_PORT`` (read by
+``jaxcluster.initialize()`` and by JAX's own cluster detection, so the coordinator keeps the
+port resolved here, e.g. one derived from a Slurm job id) and ``JAX_COORDINATOR_ADDRESS`` (the
+one argument ``jax.distributed.initialize()`` itself reads from the environment; it reads no
+variable for the process count or id, which a comment line shows); ``--format explain``
+prints the human-readable report of :func:`jaxcluster.cluster_resolver.explain`. Exit status 0
+on success, 1 when the cluster cannot be resolved (with a one-paragraph error on stderr).
 
 Example::
 
     $ eval "$(jaxcluster resolve --format env)"
+    $ python -c "import jaxcluster; jaxcluster.initialize()"
     $ jaxcluster resolve --format explain --task-id 0
 """
 
@@ -96,13 +102,17 @@ def _env(report: Any) -> str:
     lines = [f"export TF_CONFIG={shlex.quote(json.dumps(tf_config, sort_keys=False))}"]
     jax_args = values["jax_distributed_args"]
     if jax_args.error is not None:
-        lines.append(f"# JAX_* variables not set: {' '.join(jax_args.error.split())}")
+        lines.append(f"# JAX_COORDINATOR_ADDRESS not set: {' '.join(jax_args.error.split())}")
     else:
+        address = jax_args.value["coordinator_address"]
+        lines.append(f"export JAX_COORDINATOR_ADDRESS={shlex.quote(address)}")
+        lines.append(f"export JAX_COORDINATOR_PORT={shlex.quote(address.rsplit(':', 1)[-1])}")
+        # JAX reads no variable for these (JAX_NUM_PROCESSES/JAX_PROCESS_ID would be ignored):
+        # jaxcluster.initialize() derives them from TF_CONFIG; say them for a direct call.
         lines.append(
-            f"export JAX_COORDINATOR_ADDRESS={shlex.quote(jax_args.value['coordinator_address'])}"
+            f"# jax.distributed.initialize(num_processes={int(jax_args.value['num_processes'])}, "
+            f"process_id={int(jax_args.value['process_id'])}), or jaxcluster.initialize()"
         )
-        lines.append(f"export JAX_NUM_PROCESSES={int(jax_args.value['num_processes'])}")
-        lines.append(f"export JAX_PROCESS_ID={int(jax_args.value['process_id'])}")
     return "\n".join(lines)
 
 

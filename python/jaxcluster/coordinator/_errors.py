@@ -20,10 +20,11 @@ from typing import Any
 
 from jaxcluster import errors, wire
 
-__all__ = ["build_exception", "rebuild_exception"]
+__all__ = ["add_note", "build_exception", "rebuild_exception"]
 
 
-def _add_note(exc: BaseException, note: str) -> None:
+def add_note(exc: BaseException, note: str) -> None:
+    """Adds ``note`` to ``exc`` (on Python 3.10, which has no notes, as a chained cause)."""
     add_note = getattr(exc, "add_note", None)
     if add_note is not None:  # Python 3.11+
         add_note(note)
@@ -53,9 +54,22 @@ def rebuild_exception(error: Any) -> BaseException:
     if isinstance(exc, BaseException):
         where = f"Raised{_where(error)}."
         traceback = error.traceback
-        _add_note(exc, f"{where} Remote traceback:\n{traceback}" if traceback else where)
+        add_note(exc, f"{where} Remote traceback:\n{traceback}" if traceback else where)
         return exc
     module, type_name = error.module, error.type_name
+    own = getattr(errors, type_name, None) if module == errors.__name__ else None
+    if isinstance(own, type) and issubclass(own, errors.JaxClusterError):
+        # One of ours, made by the dispatcher (e.g. a per-worker value lost with its
+        # worker): its class exists here, so it comes back as itself when it can be made
+        # from a message (the wrapper classes need an exception instead).
+        try:
+            rebuilt = own(error.message)
+        except TypeError:
+            rebuilt = None
+        if rebuilt is not None:
+            if error.worker:
+                add_note(rebuilt, f"Raised{_where(error)}.")
+            return rebuilt
     qualified = type_name if module in ("", "builtins") else f"{module}.{type_name}"
     message = error.message
     if error.worker:
@@ -91,7 +105,7 @@ def build_exception(error: Any) -> BaseException:
         return _ps_failure(rebuild_exception(error), error)
     if kind == "input":
         wrapped = errors.ClosureInputError(_ps_failure(rebuild_exception(error), error))
-        _add_note(wrapped, f"The input failed{_where(error)}.")
+        add_note(wrapped, f"The input failed{_where(error)}.")
         return wrapped
     if kind == "infrastructure":
         cls = getattr(errors, error.type_name, None)

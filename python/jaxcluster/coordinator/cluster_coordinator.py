@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -18,16 +17,16 @@ from typing import Any
 from jaxcluster._auth import auth_token_from_env, warn_if_token_in_clear
 from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
+from jaxcluster.coordinator.device_state import PerWorkerState
 from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunction
 from jaxcluster.coordinator.per_worker import PerWorkerDataset, PerWorkerValues
+from jaxcluster.coordinator.placement import WorkerFacts
 from jaxcluster.coordinator.remote_value import RemoteValue
 from jaxcluster.coordinator.structure import map_structure
 
 __all__ = ["ClusterCoordinator"]
 
 _ERROR_POLICIES = ("cancel_all", "per_closure")
-# How long the workers' JAX platforms are trusted before asking the dispatcher again.
-_PLATFORMS_TTL_SECONDS = 5.0
 _log = logging.getLogger("jaxcluster.coordinator")
 
 
@@ -133,8 +132,11 @@ class ClusterCoordinator:
         strategy_ca = getattr(source, "tls_ca", None) if source is not resolver else None
         ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
         ca = ca or ca_from_env()
+        self._auth_token, self._tls_ca = token, ca
+        self._clients: dict[int, Any] = {}
         self._addresses = _worker_addresses(resolver)
         self._cluster_resolver = resolver
+        self._strategy = None if source is resolver else source
         from jaxcluster._native import core
 
         warn_if_token_in_clear(self._addresses, token, ca, _log, "workers")
@@ -146,10 +148,10 @@ class ClusterCoordinator:
             error_policy=error_policy,  # type: ignore[arg-type]  # checked above
             closure_timeout=None if closure_timeout is None else float(closure_timeout),
         )
-        self._functions = FunctionSerializer(self._platforms)
+        self._worker_facts = WorkerFacts(self._dispatcher)
+        self._functions = FunctionSerializer(self._worker_facts.platforms)
         self._registered: set[bytes] = set()
         self._lock = threading.Lock()
-        self._platform_cache: tuple[float, tuple[str, ...]] | None = None
         self._closed = False
 
     # --- scheduling ------------------------------------------------------------------
@@ -184,9 +186,10 @@ class ClusterCoordinator:
         else:
             pickled, buffers, resources = b"", [], []
         function = self._functions.serialize(fn, args, kwargs)
+        self._worker_facts.check(function)
         self._register(function)
         cell = self._dispatcher.schedule(function.function_hash, pickled, buffers, resources)
-        return RemoteValue(cell)
+        return RemoteValue(cell, function.origin)
 
     def join(self, timeout: float | None = None) -> bool:
         """Waits until every scheduled closure has ended; ``False`` if ``timeout`` passed.
@@ -207,7 +210,25 @@ class ClusterCoordinator:
         Nested tuples (named too), lists and dicts keep their shape; other leaves are
         returned as they are.
         """
-        return map_structure(lambda x: x.fetch() if isinstance(x, RemoteValue) else x, val)
+        return map_structure(
+            lambda x: x.fetch() if isinstance(x, (RemoteValue, PerWorkerState)) else x, val
+        )
+
+    def create_per_worker_state(
+        self, init_fn: Callable[[], Any], *, on_worker_restart: str = "rebuild"
+    ) -> PerWorkerState:
+        """State kept on every worker's devices between closures: ``init_fn()`` runs on
+        each worker and its pytree of arrays stays there.
+
+        Passed to :meth:`schedule`, it reaches each closure as its worker's
+        :class:`~jaxcluster.coordinator.DeviceState` (``.value``, ``.assign(new)``).
+        ``fetch()`` (or :meth:`fetch` of this coordinator) brings one or every worker's
+        value here. A worker that fails or restarts runs ``init_fn`` again
+        (``on_worker_restart="rebuild"``) or reports its state lost (``"lose"``: its element
+        is ``ABORTED`` and closures using the state there fail with ``ClosureInputError``).
+        """
+        self._check_open()
+        return PerWorkerState._create(self, init_fn, on_worker_restart)
 
     def create_per_worker_dataset(self, dataset_fn: Callable[[], Any]) -> PerWorkerDataset:
         """A dataset built on every worker by ``dataset_fn()`` (any iterable).
@@ -227,6 +248,12 @@ class ClusterCoordinator:
         per-worker ``workers`` and the ``latency`` histogram (schedule to result,
         seconds)."""
         return dict(self._dispatcher.metrics())
+
+    @property
+    def strategy(self) -> Any:
+        """The strategy this coordinator was made with (TF's ``coordinator.strategy``), or
+        ``None`` when it was made from a cluster resolver."""
+        return self._strategy
 
     @property
     def workers(self) -> list[dict[str, Any]]:
@@ -279,28 +306,23 @@ class ClusterCoordinator:
                 )
                 self._registered.add(function.function_hash)
 
-    def _create_resource(self, fn: Callable[[], Any]) -> Any:
+    def _create_resource(self, fn: Callable[[], Any], rebuild: bool = True) -> Any:
         self._check_open()
         function = self._functions.serialize(fn, (), {})
         self._register(function)
-        return self._dispatcher.create_resource(function.function_hash)
+        return self._dispatcher.create_resource(function.function_hash, rebuild=rebuild)
+
+    def _worker_client(self, worker: int) -> Any:
+        """A direct client of one worker (for reads of its per-worker state), made once."""
+        client = self._clients.get(worker)
+        if client is None:
+            from jaxcluster._native import core
+
+            client = core.WorkerClient(
+                self._addresses[worker], auth_token=self._auth_token, tls_ca=self._tls_ca
+            )
+            self._clients[worker] = client
+        return client
 
     def _resource_for(self, value: PerWorkerValues) -> Any:
         return value._resource_for(self)
-
-    def _platforms(self) -> tuple[str, ...]:
-        """The workers' JAX platforms, for exports (this process's backend if unknown)."""
-        now = time.monotonic()
-        cached = self._platform_cache
-        if cached is not None and now < cached[0]:
-            return cached[1]
-        known = sorted(
-            {str(s["platform"]) for s in self._dispatcher.worker_statuses() if s.get("platform")}
-        )
-        if not known:
-            import jax
-
-            known = [jax.default_backend()]
-        platforms = tuple(known)
-        self._platform_cache = (now + _PLATFORMS_TTL_SECONDS, platforms)
-        return platforms

@@ -59,17 +59,25 @@ _SCALARS = (bool, int, float, complex)
 class SerializedFunction:
     """A function as the workers receive it: content hash, kind and payload bytes.
 
-    ``note`` says why a ``jax.jit`` function was cloudpickled instead of exported.
+    ``note`` says why a ``jax.jit`` function was cloudpickled instead of exported. An
+    export also records what it needs of a worker: ``devices`` (its ``nr_devices``: the
+    size of the mesh its shardings span) and the ``platforms`` it was lowered for; and
+    ``origin``, where the function was defined, in traceback form: an export carries no
+    Python code, so a remote traceback cannot name the user's line by itself.
     """
 
     function_hash: bytes
     kind: str
     payload: bytes
     note: str = ""
+    devices: int = 1
+    platforms: tuple[str, ...] = ()
+    name: str = ""
+    origin: str = ""
 
     @classmethod
-    def of(cls, kind: str, payload: bytes, note: str = "") -> SerializedFunction:
-        return cls(wire.content_hash(payload), kind, payload, note)
+    def of(cls, kind: str, payload: bytes, note: str = "", **needs: Any) -> SerializedFunction:
+        return cls(wire.content_hash(payload), kind, payload, note, **needs)
 
 
 _jit_types: dict[type, bool] = {}
@@ -281,7 +289,34 @@ def _export(fn: Any, specs: Any, platforms: Sequence[str]) -> SerializedFunction
     arg_specs, kwarg_specs = specs
     jitted = fn if is_jitted(fn) else jax.jit(fn)
     exported = export.export(jitted, platforms=tuple(platforms))(*arg_specs, **kwarg_specs)
-    return SerializedFunction.of(KIND_JAX_EXPORT, bytes(exported.serialize()))
+    return SerializedFunction.of(
+        KIND_JAX_EXPORT,
+        bytes(exported.serialize()),
+        devices=int(exported.nr_devices),
+        platforms=tuple(exported.platforms),
+        name=str(exported.fun_name),
+        origin=_origin(fn),
+    )
+
+
+def _origin(fn: Any) -> str:
+    """Where ``fn`` (a ``jax.jit`` function or a plain one) was defined, as a traceback
+    line with its source: ``File "train.py", line 12, in step`` and the ``def`` line."""
+    import linecache
+
+    inner = fn
+    while hasattr(inner, "__wrapped__"):
+        inner = inner.__wrapped__
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        return ""
+    line = code.co_firstlineno
+    source = linecache.getline(code.co_filename, line).strip()
+    while source.startswith("@"):  # past the decorators, to the def line
+        line += 1
+        source = linecache.getline(code.co_filename, line).strip()
+    where = f'  File "{code.co_filename}", line {line}, in {code.co_name}'
+    return f"{where}\n    {source}" if source else where
 
 
 def pickle_function(fn: Callable[..., Any]) -> SerializedFunction:

@@ -135,6 +135,32 @@ class _ElementOf:
         return self._values[get_current_worker_index()]
 
 
+class _WorkerIterator:
+    """A per-worker iterator as it lives on its worker: ``next()`` past the end raises
+    ``OutOfRangeError`` (as TF's per-worker iterators do), which is also a ``StopIteration``
+    so a ``for`` loop over it inside a closure ends quietly."""
+
+    __slots__ = ("_iterator",)
+
+    def __init__(self, iterator: Iterator[Any]) -> None:
+        self._iterator = iterator
+
+    def __iter__(self) -> _WorkerIterator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            from jaxcluster.errors import OutOfRangeError
+
+            raise OutOfRangeError(
+                "end of sequence: this worker's per-worker iterator is exhausted (its "
+                "dataset_fn() iterable has no more elements); catch OutOfRangeError around "
+                "schedule/join to end the epoch, or make the dataset repeat"
+            ) from None
+
+
 class _IteratorFactory:
     """Runs on a worker: a fresh iterator over ``dataset_fn()``."""
 
@@ -144,7 +170,7 @@ class _IteratorFactory:
     def __call__(self) -> Iterator[Any]:
         dataset = self._dataset_fn()
         try:
-            return iter(dataset)
+            return _WorkerIterator(iter(dataset))
         except TypeError:
             raise TypeError(
                 f"dataset_fn returned an object of type {type(dataset).__qualname__}, which is "

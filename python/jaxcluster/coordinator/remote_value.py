@@ -9,7 +9,7 @@ from typing import Any
 from jaxcluster import errors, wire
 from jaxcluster._native import core
 from jaxcluster.coordinator import _encoding
-from jaxcluster.coordinator._errors import build_exception
+from jaxcluster.coordinator._errors import add_note, build_exception
 
 __all__ = ["RemoteValue", "RemoteValueStatus"]
 
@@ -55,10 +55,12 @@ class RemoteValue:
         rv.status                    # RemoteValueStatus.READY
     """
 
-    __slots__ = ("__weakref__", "_cell", "_error", "_lock", "_value")
+    __slots__ = ("__weakref__", "_cell", "_error", "_lock", "_origin", "_value")
 
-    def __init__(self, cell: Any) -> None:
+    def __init__(self, cell: Any, origin: str = "") -> None:
         self._cell = cell
+        # Where an exported function was defined: its remote traceback cannot say.
+        self._origin = origin
         self._lock = threading.Lock()
         self._value: Any = _UNSET
         self._error: BaseException | None = None
@@ -103,6 +105,11 @@ class RemoteValue:
             result = self._cell.result()
             if isinstance(result, ClosureError):
                 self._error = build_exception(result)
+                if self._origin and result.kind in ("user", "function_load"):
+                    add_note(
+                        self._error,
+                        "The function ran on the worker as a jax.export of:\n" + self._origin,
+                    )
             else:
                 try:
                     self._value = wire.decode(result.pickle, result.buffers)

@@ -56,9 +56,10 @@ def _mismatches(
         found = arrays.get(variable.name)
         if found is None:
             problems.append(f"variable {variable.name!r} is not in the checkpoint")
-        elif found.dtype != variable.dtype or found.shape != variable.shape:
+        elif found.dtype != variable.storage_dtype or found.shape != variable.shape:
             problems.append(
-                f"variable {variable.name!r} is {variable.dtype.name}{list(variable.shape)} "
+                f"variable {variable.name!r} is "
+                f"{variable.storage_dtype.name}{list(variable.shape)} "
                 f"but the checkpoint holds {found.dtype.name}{list(found.shape)}"
             )
     extra = sorted(set(arrays) - names)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +48,8 @@ _SUPPORTED = frozenset(
         "uint16",
         "uint32",
         "uint64",
+        # kept as uint8 0/1 on the ps tasks; assign only, as in TF
+        "bool",
     }
 )
 
@@ -56,8 +58,23 @@ def _job_addresses(spec: Any, job: str) -> dict[int, str]:
     return {int(i): spec.task_address(job, i) for i in spec.task_indices(job)}
 
 
+def _pytree_error(value: Any) -> TypeError:
+    return TypeError(
+        f"strategy.Variable holds one array, and got a {type(value).__name__} of several "
+        f"({_preview(value)}); for a pytree of parameters make one Variable per leaf, e.g. "
+        "`params = jax.tree.map(strategy.Variable, params)` inside strategy.scope()"
+    )
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _initial_array(initial_value: Any, dtype: Any) -> np.ndarray:
     value = initial_value() if callable(initial_value) else initial_value
+    if isinstance(value, Mapping):
+        raise _pytree_error(value)
     if dtype is not None:
         return np.array(value, dtype=np.dtype(dtype))
     inferred = np.array(value)
@@ -203,7 +220,12 @@ class ParameterServerStrategy:
                 "strategy.Variable() was called outside `with strategy.scope():`; create "
                 "parameter-server variables inside the strategy's scope"
             )
-        array = _initial_array(initial_value, dtype)
+        try:
+            array = _initial_array(initial_value, dtype)
+        except ValueError as exc:  # numpy: "inhomogeneous shape", a list of unequal arrays
+            raise _pytree_error(initial_value) from exc
+        if array.dtype == object:
+            raise _pytree_error(initial_value)
         if array.dtype.name not in _SUPPORTED:
             raise TypeError(
                 f"a ps variable cannot hold dtype {array.dtype.name}; expected one of "
@@ -232,6 +254,7 @@ class ParameterServerStrategy:
         try:
             for shard in shards:
                 piece = array if count == 1 else array[shard.start : shard.stop]
+                piece = piece.astype(variable.storage_dtype, copy=False)
                 variable._call(shard, "create_variable", shard.key, piece, replace=True)
         except BaseException:
             with self._lock:

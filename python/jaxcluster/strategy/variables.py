@@ -7,6 +7,14 @@ Pickled (e.g. captured by a scheduled closure) it carries only that layout, neve
 a worker that unpickles it authenticates with its own token and shares one connection per
 ps task with every other variable in the process.
 
+Inside ``jax.jit`` (or any staged trace: ``jax.export``, ``jax.eval_shape``) a variable
+works as in a ``tf.function``: ``read_value()`` and the ``assign*`` methods become ordered
+``jax.experimental.io_callback``s that run every time the compiled function runs, in program
+order, instead of once at trace time (where a read would be baked in as a constant and an
+update would happen once). Such a function cannot be exported (``jax.export`` refuses host
+callbacks), so ``schedule`` sends it cloudpickled and each worker compiles it. The faster
+pattern, when a step only needs the value: read outside the jitted function and pass it in.
+
 Example::
 
     with strategy.scope():
@@ -17,7 +25,8 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -43,6 +52,40 @@ def _describe(dtype: np.dtype[Any], shape: tuple[int, ...]) -> str:
     return f"{dtype.name}[{', '.join(str(d) for d in shape)}]"
 
 
+def _staging() -> Any:
+    """The ``jax`` module when this call runs inside a staged trace (``jit``, ``export``,
+    ``eval_shape``; also a ``grad`` or ``vmap`` under one), else ``None``.
+
+    Eager ``grad``/``vmap`` do not stage: their values are concrete, so a plain RPC is
+    right there. JAX has no public test for "a jit trace is active"; this walks its trace
+    stack (private, checked against the JAX versions CI runs) and answers ``None`` when the
+    internals are not there.
+    """
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return None
+    try:
+        from jax._src import core
+        from jax._src.interpreters.partial_eval import DynamicJaxprTrace
+
+        trace = core.trace_ctx.trace
+    except (ImportError, AttributeError):
+        return None
+    while trace is not None:
+        if isinstance(trace, DynamicJaxprTrace):
+            return jax
+        trace = getattr(trace, "parent_trace", None)
+    return None
+
+
+def _host_callback(jax: Any, fn: Callable[..., Any], result: Any, *args: Any) -> Any:
+    """``fn(*args)`` as an ordered ``io_callback``: runs each time the compiled function
+    does, in program order with the other variable operations."""
+    from jax.experimental import io_callback
+
+    return io_callback(fn, result, *args, ordered=True)
+
+
 class ParameterServerVariable:
     """A variable on parameter servers (possibly sharded along axis 0).
 
@@ -64,6 +107,8 @@ class ParameterServerVariable:
     ) -> None:
         self._name = name
         self._dtype = np.dtype(dtype)
+        # The ps store keeps numbers; a bool variable travels and rests as uint8 0/1.
+        self._storage = np.dtype(np.uint8) if self._dtype == np.bool_ else self._dtype
         self._shape = tuple(int(d) for d in shape)
         self._shards = tuple(Shard(*s) for s in shards)
         self._token = auth_token if auth_token is not None else _clients.default_token()
@@ -80,6 +125,12 @@ class ParameterServerVariable:
     def dtype(self) -> np.dtype[Any]:
         """Element type, as a numpy dtype."""
         return self._dtype
+
+    @property
+    def storage_dtype(self) -> np.dtype[Any]:
+        """The dtype the ps tasks (and checkpoints) hold: ``uint8`` for a bool variable,
+        else :attr:`dtype`."""
+        return self._storage
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -155,11 +206,31 @@ class ParameterServerVariable:
             )
         return array
 
+    def _check_traced(self, jax: Any, op: str, value: Any) -> None:
+        """Shape and dtype kind of a traced ``value``, checked at trace time (a wrong one
+        would otherwise fail inside the callback, at run time)."""
+        shape, dtype = jax.numpy.shape(value), np.dtype(jax.numpy.result_type(value))
+        self._coerce(np.zeros(shape, dtype), op)
+
     def _piece(self, array: np.ndarray, shard: Shard) -> np.ndarray:
         return array if len(self._shards) == 1 else array[shard.start : shard.stop]
 
+    def _check_arithmetic(self, op: str) -> None:
+        if self._dtype == np.bool_:
+            raise TypeError(
+                f"{op} on bool variable {self._name!r}: a bool variable can only be assigned "
+                "(as in TF); keep a count in an int32 variable instead"
+            )
+
     def _update(self, method: str, value: Any, read_value: bool) -> ParameterServerVariable | None:
-        array = self._coerce(value, method)
+        if method != "assign":
+            self._check_arithmetic(method)
+        jax = _staging()
+        if jax is not None:
+            self._check_traced(jax, method, value)
+            _host_callback(jax, lambda v: self._update(method, v, False), None, value)
+            return self if read_value else None
+        array = self._coerce(value, method).astype(self._storage, copy=False)
         for shard in self._shards:
             piece = self._piece(array, shard)
             self._call(shard, method, shard.key, piece)
@@ -169,9 +240,17 @@ class ParameterServerVariable:
 
     def read_value(self) -> np.ndarray:
         """The current value, as a new writable numpy array. Each shard is read atomically;
-        shards of one variable are read one after another."""
+        shards of one variable are read one after another. Inside ``jax.jit``: a JAX array
+        read when the compiled function runs (see the module documentation)."""
+        jax = _staging()
+        if jax is not None:
+            spec = jax.ShapeDtypeStruct(self._shape, jax.dtypes.canonicalize_dtype(self._dtype))
+            return _host_callback(  # type: ignore[no-any-return]
+                jax, lambda: np.asarray(self.read_value(), dtype=spec.dtype), spec
+            )
         pieces = [self._call(s, "read", s.key) for s in self._shards]
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+        value = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, axis=0)
+        return value.astype(np.bool_) if self._dtype == np.bool_ else value
 
     def value(self) -> np.ndarray:
         """Same as :meth:`read_value`."""
@@ -179,6 +258,11 @@ class ParameterServerVariable:
 
     def numpy(self) -> np.ndarray:
         """Same as :meth:`read_value` (TF's eager spelling)."""
+        return self.read_value()
+
+    def __jax_array__(self) -> Any:
+        """``jnp.asarray(variable)`` and JAX operations on it read its value (inside
+        ``jax.jit`` too, when the compiled function runs)."""
         return self.read_value()
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -227,6 +311,7 @@ class ParameterServerVariable:
         (like TF's ``IndexedSlices``) as ``sparse_delta``. ``indices`` may have any shape;
         ``updates`` then has shape ``indices.shape + variable.shape[1:]``.
         """
+        self._check_arithmetic("scatter_add")
         if sparse_delta is not None:
             indices, updates = sparse_delta.indices, sparse_delta.values
         if indices is None or updates is None:
@@ -236,6 +321,12 @@ class ParameterServerVariable:
                 f"scatter_add to scalar variable {self._name!r}: a scalar has no rows; use "
                 "assign_add"
             )
+        jax = _staging()
+        if jax is not None:
+            _host_callback(
+                jax, lambda i, u: self.scatter_add(indices=i, updates=u), None, indices, updates
+            )
+            return self
         index_array = np.asarray(indices)
         if index_array.size and index_array.dtype.kind not in "iu":
             raise TypeError(

@@ -22,14 +22,17 @@ def _named(devices: list[Any], worker_index: int) -> list[tuple[str, str]]:
 
 
 def jax_runtime_info(worker_index: int) -> dict[str, Any]:
-    """``devices`` as ``(tf_name, device_type)`` pairs, ``platform`` and ``jax_version``.
+    """``devices`` as ``(tf_name, device_type)`` pairs, their ``device_kind``, ``platform``
+    and ``jax_version``.
 
     Imports JAX and initialises its default backend, as the closures will anyway.
     """
     import jax
 
+    devices = list(jax.local_devices())
     return {
-        "devices": _named(list(jax.local_devices()), worker_index),
+        "devices": _named(devices, worker_index),
+        "device_kind": str(getattr(devices[0], "device_kind", "")) if devices else "",
         "platform": jax.default_backend(),
         "jax_version": jax.__version__,
     }

@@ -49,7 +49,80 @@ def _load_jax_export(payload: bytes) -> Callable[..., Any]:
             f"the function was exported for platforms {list(exported.platforms)} but this "
             f"worker runs on {platform!r}; export it with platforms=[{platform!r}]"
         )
-    return exported.call  # type: ignore[no-any-return]
+    if exported.nr_devices == 1:
+        return exported.call  # type: ignore[no-any-return]
+    return _sharded_call(exported, jax)
+
+
+def _sharded_call(exported: Any, jax: Any) -> Callable[..., Any]:
+    """``exported.call`` over this worker's first ``nr_devices`` local devices, with the
+    exported input and output shardings: arguments arriving as host arrays are placed
+    (sharded) by ``jit``; device-resident arguments already sharded that way are not
+    copied. The worker's own devices, in ``jax.local_devices()`` order, stand in for the
+    coordinator's (see :func:`_shardings`).
+    """
+    needed = exported.nr_devices
+    devices = list(jax.local_devices())
+    if len(devices) < needed:
+        raise FunctionLoadError(
+            f"{exported.fun_name} was exported for {needed} devices but this worker has "
+            f"{len(devices)} {jax.default_backend()} device(s)"
+        )
+    in_shardings, out_shardings = _shardings(exported, devices[:needed], jax)
+    in_tree, out_tree = exported.in_tree, exported.out_tree
+
+    def flat_call(*flat_args: Any) -> Any:
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, flat_args)
+        return exported.call(*args, **kwargs)
+
+    options: dict[str, Any] = {"in_shardings": in_shardings}
+    if all(s is not None for s in out_shardings):  # else jit chooses, as the export did
+        options["out_shardings"] = jax.tree_util.tree_unflatten(out_tree, out_shardings)
+    jitted = jax.jit(flat_call, **options)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return jitted(*jax.tree_util.tree_leaves((args, kwargs)))
+
+    call.__name__ = call.__qualname__ = str(exported.fun_name)
+    return call
+
+
+def _shardings(exported: Any, devices: list[Any], jax: Any) -> tuple[tuple[Any, ...], ...]:
+    """The export's input and output shardings over ``devices``.
+
+    Exports by recent JAX record ``NamedSharding``s over the (abstract) mesh the function
+    was lowered with, and accept only a mesh of the same axis names, sizes and types: the
+    worker builds that mesh over its devices. Older exports record HLO shardings over
+    device positions ``0..n-1``, which apply to ``devices`` as they are. (JAX keeps the
+    named shardings in private fields of ``Exported``; without them the HLO path is taken.)
+    """
+    import numpy as np
+    from jax.sharding import Mesh
+
+    named = [
+        s
+        for s in (
+            *getattr(exported, "_in_named_shardings", ()),
+            *getattr(exported, "_out_named_shardings", ()),
+        )
+        if s is not None
+    ]
+    if getattr(exported, "_has_named_shardings", False) and named:
+        abstract = named[0].mesh
+        grid = np.array(devices).reshape(tuple(abstract.axis_sizes))
+        try:
+            mesh = Mesh(grid, tuple(abstract.axis_names), axis_types=abstract.axis_types)
+        except TypeError:  # a JAX whose Mesh takes no axis types
+            mesh = Mesh(grid, tuple(abstract.axis_names))
+        return tuple(exported.in_shardings_jax(mesh)), tuple(exported.out_shardings_jax(mesh))
+    gspmd = getattr(jax.sharding, "GSPMDSharding", None)
+    if gspmd is None:  # pragma: no cover - a JAX without it records named shardings
+        from jax._src.sharding_impls import GSPMDSharding as gspmd
+
+    def convert(hlo_shardings: Any) -> tuple[Any, ...]:
+        return tuple(None if h is None else gspmd(devices, h) for h in hlo_shardings)
+
+    return convert(exported.in_shardings_hlo), convert(exported.out_shardings_hlo)
 
 
 _LOADERS: dict[str, Callable[[bytes], Callable[..., Any]]] = {

@@ -98,7 +98,9 @@ impl<T: WorkerTransport> Link<T> {
         }
         match resource.state(self.index) {
             ResourceState::Ready => Ok(()),
-            ResourceState::Failed(failure) => Err(Verdict::Done(Err(failure.as_input()))),
+            ResourceState::Failed(failure) | ResourceState::Lost(failure) => {
+                Err(Verdict::Done(Err(failure.as_input())))
+            }
             ResourceState::Pending | ResourceState::Aborted => {
                 Err(Verdict::Done(Err(released_input(resource, self.address()))))
             }
@@ -108,7 +110,7 @@ impl<T: WorkerTransport> Link<T> {
     /// Builds `resource` on this worker. A build that fails for the user's reasons leaves
     /// the state `Failed` and is `Ok` here; only stopping or losing the worker is an error.
     pub(super) fn create_resource(&mut self, resource: &ResourceInner) -> Result<(), Interruption> {
-        if resource.is_released() {
+        if resource.is_released() || resource.is_lost(self.index) {
             return Ok(());
         }
         resource.set_state(self.index, ResourceState::Pending);

@@ -54,7 +54,7 @@ impl<T: WorkerTransport> Link<T> {
         self.recovering_since = Instant::now();
         self.shared.links[self.index].set(LinkState::Recovering, Some(reason.to_owned()));
         for resource in self.shared.resources.live() {
-            resource.set_state(self.index, ResourceState::Aborted);
+            resource.worker_failed(self.index, self.address(), reason);
         }
     }
 
@@ -128,10 +128,10 @@ impl<T: WorkerTransport> Link<T> {
              (JAXCLUSTER_WORKER_RECOVERY_SEC / recovery_timeout){last}",
             self.address(),
         );
-        self.shared.links[self.index].set(LinkState::GivenUp, Some(reason));
         for resource in self.shared.resources.live() {
-            resource.set_state(self.index, ResourceState::Aborted);
+            resource.worker_failed(self.index, self.address(), &reason);
         }
+        self.shared.links[self.index].set(LinkState::GivenUp, Some(reason));
         self.shared.given_up.send_modify(|count| *count += 1);
     }
 

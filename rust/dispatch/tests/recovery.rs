@@ -93,7 +93,7 @@ fn resources_are_aborted_with_their_worker_and_rebuilt_before_it_serves() {
     let dispatcher = start(&cluster, fast_config());
     let make = function(&dispatcher, "resource");
     let echo = function(&dispatcher, "echo");
-    let resource = dispatcher.create_resource(&make).unwrap();
+    let resource = dispatcher.create_resource(&make, true).unwrap();
     wait_until("the resource is built", || {
         resource.state(0) == ResourceState::Ready
     });
@@ -117,6 +117,36 @@ fn resources_are_aborted_with_their_worker_and_rebuilt_before_it_serves() {
             .unwrap_or_else(|| panic!("no {method} for {subject} after the restart: {calls:?}"))
     };
     assert!(position("CreateResource", resource.id()) < position("RunClosure", cell.id()));
+}
+
+#[test]
+fn a_resource_not_to_be_rebuilt_is_lost_with_its_worker_and_fails_its_users() {
+    let cluster = FakeCluster::new(1);
+    let dispatcher = start(&cluster, fast_config());
+    let make = function(&dispatcher, "resource");
+    let echo = function(&dispatcher, "echo");
+    let resource = dispatcher.create_resource(&make, false).unwrap();
+    wait_until("the resource is built", || {
+        resource.state(0) == ResourceState::Ready
+    });
+    cluster.kill(0);
+    let input = args(&format!("res:{}", resource.id()));
+    let cell = dispatcher
+        .schedule(&echo, input, std::slice::from_ref(&resource))
+        .unwrap();
+    wait_until("the resource is lost", || {
+        matches!(resource.state(0), ResourceState::Lost(_))
+    });
+    cluster.restart(0);
+    let error = failure(&cell);
+    assert_eq!(error.kind, FailureKind::Input);
+    assert!(error.message.contains("was lost on worker"), "{error}");
+    assert_eq!(error.type_name, "AbortedError");
+    assert_eq!(resource.state(0).label(), "lost");
+    // Nothing rebuilt it on the restarted worker.
+    assert!(cluster.resources(0).is_empty());
+    let plain = dispatcher.schedule(&echo, args("after"), &[]).unwrap();
+    assert_eq!(value(&plain), args("after"));
 }
 
 #[test]
@@ -177,7 +207,7 @@ fn the_other_workers_carry_on_when_one_is_given_up() {
     wait_until("worker 1 is given up", || {
         state(&dispatcher, 1) == LinkState::GivenUp
     });
-    let resource = dispatcher.create_resource(&make).unwrap();
+    let resource = dispatcher.create_resource(&make, true).unwrap();
     assert_eq!(resource.state(1), ResourceState::Aborted);
     let echo = function(&dispatcher, "echo");
     let cells: Vec<_> = (0..10)

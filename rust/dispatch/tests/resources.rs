@@ -8,7 +8,7 @@ fn a_resource_is_built_on_every_worker_and_released_on_each() {
     let cluster = FakeCluster::new(3);
     let dispatcher = start(&cluster, fast_config());
     let make = function(&dispatcher, "resource");
-    let resource = dispatcher.create_resource(&make).unwrap();
+    let resource = dispatcher.create_resource(&make, true).unwrap();
     assert_eq!(resource.num_workers(), 3);
     wait_until("built everywhere", || {
         (0..3).all(|w| resource.state(w) == ResourceState::Ready)
@@ -34,7 +34,7 @@ fn dropping_the_last_reference_releases_the_resource() {
     let cluster = FakeCluster::new(2);
     let dispatcher = start(&cluster, fast_config());
     let make = function(&dispatcher, "resource");
-    let resource = dispatcher.create_resource(&make).unwrap();
+    let resource = dispatcher.create_resource(&make, true).unwrap();
     wait_until("built everywhere", || {
         (0..2).all(|w| resource.state(w) == ResourceState::Ready)
     });
@@ -56,7 +56,7 @@ fn a_closure_using_a_resource_that_failed_to_build_fails_with_an_input_error() {
     let cluster = FakeCluster::new(2);
     let dispatcher = start(&cluster, fast_config());
     let make = function(&dispatcher, "resource-raise");
-    let resource = dispatcher.create_resource(&make).unwrap();
+    let resource = dispatcher.create_resource(&make, true).unwrap();
     wait_until("both builds failed", || {
         (0..2).all(|w| matches!(resource.state(w), ResourceState::Failed(_)))
     });
@@ -83,7 +83,7 @@ fn a_resource_the_worker_lost_unnoticed_is_rebuilt_not_failed() {
     let dispatcher = start(&cluster, fast_config());
     let make = function(&dispatcher, "resource");
     let echo = function(&dispatcher, "echo");
-    let resource = dispatcher.create_resource(&make).unwrap();
+    let resource = dispatcher.create_resource(&make, true).unwrap();
     wait_until("built", || resource.state(0) == ResourceState::Ready);
     assert_eq!(
         value(&dispatcher.schedule(&echo, args("warm"), &[]).unwrap()),
@@ -108,7 +108,7 @@ fn resources_of_another_dispatcher_are_refused() {
     let second = start(&cluster, fast_config());
     let make = function(&first, "resource");
     let echo = function(&second, "echo");
-    let resource = first.create_resource(&make).unwrap();
+    let resource = first.create_resource(&make, true).unwrap();
     let refused = second.schedule(&echo, args("x"), &[resource]).unwrap_err();
     assert!(
         refused.to_string().contains("another dispatcher"),

@@ -60,7 +60,9 @@ fn setup(policy: ErrorPolicy) -> Setup {
         .into_iter()
         .map(|payload| (payload, function(&dispatcher, payload)))
         .collect();
-    let resource = dispatcher.create_resource(&functions["resource"]).unwrap();
+    let resource = dispatcher
+        .create_resource(&functions["resource"], true)
+        .unwrap();
     Setup {
         cluster,
         dispatcher,
