@@ -105,6 +105,41 @@ class EchoClient:
         _recv_into(self._sock, answer)
         return answer
 
+    def pipelined(self, data: Any, seconds: float, depth: int = 16) -> int:
+        """Echoes ``data`` for ``seconds`` with up to ``depth`` messages in flight (a thread
+        sends, the caller's receives), as a coordinator link keeps closures queued on its
+        worker; returns how many came back in time."""
+        import threading
+
+        payload = memoryview(data).cast("B")
+        size = len(payload)
+        slots = threading.Semaphore(depth)
+        stop = threading.Event()
+        sent = [0]
+
+        def send() -> None:
+            header = _HEADER.pack(size, ECHO)
+            while not stop.is_set():
+                if slots.acquire(timeout=0.1):
+                    self._sock.sendall(header)
+                    self._sock.sendall(payload)
+                    sent[0] += 1
+
+        sender = threading.Thread(target=send, daemon=True)
+        answer = memoryview(bytearray(size))
+        end = time.perf_counter() + seconds
+        done = 0
+        sender.start()
+        while time.perf_counter() < end:
+            _recv_into(self._sock, answer)
+            slots.release()
+            done += 1
+        stop.set()
+        sender.join()
+        for _ in range(sent[0] - done):  # what is still in flight
+            _recv_into(self._sock, answer)
+        return done
+
     def close(self) -> None:
         self._sock.close()
 

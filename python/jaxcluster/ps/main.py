@@ -63,7 +63,10 @@ def _shutdown(server: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs a ps with parsed ``args`` until SIGTERM; returns the exit status."""
+    from jaxcluster._malloc import keep_freed_memory
     from jaxcluster._native import core
+
+    keep_freed_memory()
 
     try:
         token, address, index = task_settings(args, job="ps", prog="jaxcluster ps")

@@ -46,12 +46,14 @@ def _install_signal_handlers(server: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs a worker with parsed ``args`` until it is shut down; returns the exit status."""
+    from jaxcluster._malloc import keep_freed_memory
     from jaxcluster._native import core
     from jaxcluster.worker import context
     from jaxcluster.worker.devices import jax_runtime_info
     from jaxcluster.worker.executor import Executor
     from jaxcluster.worker.parent_watch import ParentWatch
 
+    keep_freed_memory()
     try:
         token, address, index = task_settings(args, job="worker", prog="jaxcluster worker")
         # Closures reach parameter servers with the token this worker was started with.
