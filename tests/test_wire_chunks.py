@@ -8,12 +8,8 @@ The 1 GiB round trip at the default limit is the real-size check.
 
 from __future__ import annotations
 
-import importlib
 import os
-import shutil
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -24,6 +20,7 @@ from jaxcluster import wire
 from jaxcluster._native import core
 from jaxcluster.coordinator import functions
 from support.closures import TESTS_DIR, local_cluster
+from support.grpc_stubs import worker_stubs
 from support.workers import WorkerProc, running_worker
 
 LIMIT = 64 * 1024
@@ -147,28 +144,11 @@ def test_a_large_result_of_a_unary_call_is_refused_with_the_sizes(worker: Worker
 
 # --- malformed chunk sequences, from a grpcio client ----------------------------------------
 
-PROTO = Path(__file__).resolve().parents[1] / "protos" / "jaxcluster" / "v1" / "worker.proto"
-
 
 @pytest.fixture(scope="module")
-def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType]]:
-    protoc = pytest.importorskip("grpc_tools.protoc")
-    out = tmp_path_factory.mktemp("chunk_stubs")
-    shutil.copy(PROTO, out / "jaxcluster_chunks.proto")
-    args = [
-        "grpc_tools.protoc",
-        f"-I{out}",
-        f"--python_out={out}",
-        f"--grpc_python_out={out}",
-        str(out / "jaxcluster_chunks.proto"),
-    ]
-    assert protoc.main(args) == 0
-    sys.path.insert(0, str(out))
-    try:
-        pb2 = importlib.import_module("jaxcluster_chunks_pb2")
-        yield pb2, importlib.import_module("jaxcluster_chunks_pb2_grpc")
-    finally:
-        sys.path.remove(str(out))
+def stubs() -> tuple[ModuleType, ModuleType]:
+    pytest.importorskip("grpc_tools.protoc")
+    return worker_stubs()
 
 
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
