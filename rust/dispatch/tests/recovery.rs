@@ -122,7 +122,13 @@ fn resources_are_aborted_with_their_worker_and_rebuilt_before_it_serves() {
 #[test]
 fn a_resource_not_to_be_rebuilt_is_lost_with_its_worker_and_fails_its_users() {
     let cluster = FakeCluster::new(1);
-    let dispatcher = start(&cluster, fast_config());
+    // Per closure: under cancel_all the lost input would (rightly) be raised by the next
+    // schedule, and this test checks the worker is used again afterwards.
+    let config = DispatcherConfig {
+        error_policy: ErrorPolicy::PerClosure,
+        ..fast_config()
+    };
+    let dispatcher = start(&cluster, config);
     let make = function(&dispatcher, "resource");
     let echo = function(&dispatcher, "echo");
     let resource = dispatcher.create_resource(&make, false).unwrap();
