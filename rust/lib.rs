@@ -8,6 +8,8 @@
 
 pub mod device;
 pub mod dispatch;
+pub mod histogram;
+pub mod log_target;
 pub mod ps;
 pub mod queue;
 pub mod rpc;

@@ -7,12 +7,13 @@ import logging
 import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
 from jaxcluster import ClusterSpec, pki
-from jaxcluster._auth import warn_if_token_in_clear
+from jaxcluster._auth import ClearTextTokenWarning, warn_if_token_in_clear
 from jaxcluster.cli import main
 from jaxcluster.cluster_resolver import SimpleClusterResolver
 from jaxcluster.coordinator import ClusterCoordinator
@@ -110,17 +111,24 @@ def test_the_token_in_clear_text_off_loopback_is_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     log = logging.getLogger("jaxcluster.coordinator")
-    with caplog.at_level(logging.WARNING, logger="jaxcluster"):
+    with (
+        caplog.at_level(logging.WARNING, logger="jaxcluster"),
+        pytest.warns(ClearTextTokenWarning, match="clear text to workers 10.0.0.7:8888") as shown,
+    ):
         exposed = warn_if_token_in_clear(
             ["10.0.0.7:8888", "127.0.0.2:8888", "[::1]:1", "localhost:2"], "t", None, log, "workers"
         )
     assert exposed == ["10.0.0.7:8888"]
+    # Shown even where logging is not configured, and pointed at the caller's line.
+    assert len(shown) == 1 and issubclass(shown[0].category, RuntimeWarning)
+    assert shown[0].filename == __file__
     [record] = caplog.records
     assert record.levelno == logging.WARNING and record.name == "jaxcluster.coordinator"
     assert "clear text to workers 10.0.0.7:8888" in record.getMessage()
     assert "jaxcluster tls make-ca" in record.getMessage()
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="jaxcluster"):
+    with caplog.at_level(logging.WARNING, logger="jaxcluster"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing is warned either
         assert warn_if_token_in_clear(["10.0.0.7:8888"], "t", b"pem", log, "workers") == []
         assert warn_if_token_in_clear(["10.0.0.7:8888"], None, None, log, "workers") == []
     assert not caplog.records
@@ -136,12 +144,15 @@ def test_a_coordinator_warns_once_when_its_workers_are_off_loopback_without_tls(
         resolver = SimpleClusterResolver(ClusterSpec({"worker": [worker.address]}))
         with (
             caplog.at_level(logging.WARNING, logger="jaxcluster"),
+            pytest.warns(ClearTextTokenWarning, match=worker.address) as shown,
             ClusterCoordinator(resolver, auth_token=TOKEN) as coordinator,
         ):
             assert coordinator.fetch(coordinator.schedule(lambda: 2)) == 2
-        warnings = [r for r in caplog.records if "clear text" in r.getMessage()]
-        assert len(warnings) == 1 and warnings[0].name == "jaxcluster.coordinator"
-        assert worker.address in warnings[0].getMessage()
+        records = [r for r in caplog.records if "clear text" in r.getMessage()]
+        assert len(records) == 1 and records[0].name == "jaxcluster.coordinator"
+        assert worker.address in records[0].getMessage()
+        # The warning points at the line that made the coordinator, not into jaxcluster.
+        assert [w.filename for w in shown] == [__file__]
     caplog.clear()
     args = ["--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key")]
     with running_worker(args, token=TOKEN) as worker:

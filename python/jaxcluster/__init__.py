@@ -10,31 +10,45 @@ Example::
 
 Heavy parts (JAX, the Kubernetes and Google clients, worker processes) load on first use, so
 ``import jaxcluster`` stays cheap.
+
+Log records go to the ``jaxcluster`` logger hierarchy (``jaxcluster.dispatch``,
+``jaxcluster.coordinator``, ``jaxcluster.worker``, ...), Rust events included; the package
+adds only a ``NullHandler``, so nothing is printed until the application configures
+``logging``.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING, Any
 
 from jaxcluster._native import __version__ as __version__
 from jaxcluster.cluster_spec import ClusterSpec as ClusterSpec
 from jaxcluster.device_spec import DeviceSpec as DeviceSpec
 
+# A library logs, the application decides where to: without this handler, Python's
+# last-resort handler would print WARNING records of an unconfigured application.
+logging.getLogger("jaxcluster").addHandler(logging.NullHandler())
+
 # public name -> submodule that defines it, imported on first access
 _LAZY: dict[str, str] = {
+    "ClearTextTokenWarning": "jaxcluster._auth",
     "LocalCluster": "jaxcluster.local_cluster",
     "ParameterServerStrategy": "jaxcluster.strategy",
     "initialize": "jaxcluster.distributed",
+    "progress": "jaxcluster.progress",
 }
 
 __all__ = [
+    "ClearTextTokenWarning",
     "ClusterSpec",
     "DeviceSpec",
     "LocalCluster",
     "ParameterServerStrategy",
     "__version__",
     "initialize",
+    "progress",
 ]
 
 
@@ -52,6 +66,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from jaxcluster._auth import ClearTextTokenWarning
     from jaxcluster.distributed import initialize
     from jaxcluster.local_cluster import LocalCluster
+    from jaxcluster.progress import progress
     from jaxcluster.strategy import ParameterServerStrategy

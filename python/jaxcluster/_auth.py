@@ -4,6 +4,7 @@ Example::
 
     token = auth_token_from_env()   # JAXCLUSTER_AUTH_TOKEN, stripped, or None when unset
     warn_if_token_in_clear(["n3:8888"], token, None, logging.getLogger("jaxcluster"), "workers")
+    # logs a WARNING and warns ClearTextTokenWarning (n3 is not this machine)
 """
 
 from __future__ import annotations
@@ -12,9 +13,25 @@ import ipaddress
 import logging
 import os
 import socket
+import warnings
 from collections.abc import Iterable
 
-__all__ = ["AUTH_TOKEN_ENV", "auth_token_from_env", "warn_if_token_in_clear"]
+__all__ = [
+    "AUTH_TOKEN_ENV",
+    "ClearTextTokenWarning",
+    "auth_token_from_env",
+    "warn_if_token_in_clear",
+]
+
+
+class ClearTextTokenWarning(RuntimeWarning):
+    """The auth token is about to travel without TLS to an address off this machine.
+
+    Raised as a warning (``warnings.warn``) as well as logged, so it shows even where
+    logging is not configured. Silence it deliberately with
+    ``warnings.filterwarnings("ignore", category=jaxcluster.ClearTextTokenWarning)``.
+    """
+
 
 #: Every RPC must carry ``authorization: Bearer <token>``; this variable holds the token.
 AUTH_TOKEN_ENV = "JAXCLUSTER_AUTH_TOKEN"
@@ -51,9 +68,13 @@ def warn_if_token_in_clear(
     tls_ca: bytes | None,
     logger: logging.Logger,
     role: str,
+    stacklevel: int = 1,
 ) -> list[str]:
-    """Logs a WARNING on ``logger`` when ``token`` will travel without TLS to any of
-    ``addresses`` that is not loopback; returns those addresses."""
+    """Logs a WARNING on ``logger`` and warns :class:`ClearTextTokenWarning` when
+    ``token`` will travel without TLS to any of ``addresses`` that is not loopback;
+    returns those addresses. ``stacklevel`` says which caller the warning names, as for
+    ``warnings.warn``: 1 is the line calling this function, 2 its caller (e.g. the user's
+    line that made a coordinator)."""
     if token is None or tls_ca is not None:
         return []
     exposed = [address for address in addresses if not _is_loopback(address)]
@@ -61,13 +82,15 @@ def warn_if_token_in_clear(
         shown = ", ".join(exposed[:8]) + (
             f" and {len(exposed) - 8} more" if len(exposed) > 8 else ""
         )
-        logger.warning(
-            "sending the auth token in clear text to %s %s (not loopback): anyone who can "
-            "read that traffic, or who holds one of those ports, gets the token and can run "
-            "code on the cluster. Serve TLS (--tls-cert/--tls-key; `jaxcluster tls make-ca` "
-            "and `jaxcluster tls issue` make the files) and pass tls_ca= or set %s",
-            role,
-            shown,
-            "JAXCLUSTER_TLS_CA",
+        message = (
+            f"sending the auth token in clear text to {role} {shown} (not loopback): anyone "
+            "who can read that traffic, or who holds one of those ports, gets the token and "
+            "can run code on the cluster. Serve TLS (--tls-cert/--tls-key; `jaxcluster tls "
+            "make-ca` and `jaxcluster tls issue` make the files) and pass tls_ca= or set "
+            "JAXCLUSTER_TLS_CA"
         )
+        logger.warning("%s", message)
+        # Logging may not be configured (the package only adds a NullHandler): a warning
+        # is shown once per calling line by Python's default filters.
+        warnings.warn(message, ClearTextTokenWarning, stacklevel=stacklevel + 1)
     return exposed

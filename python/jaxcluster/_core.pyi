@@ -7,6 +7,14 @@ import numpy as np
 
 __version__: str
 
+def refresh_log_levels() -> None:
+    """Forgets the cached levels of the ``jaxcluster`` loggers, so that a logging
+    configuration made just now applies to the next event from Rust. Rust events are
+    forwarded to ``logging.getLogger(<target>)`` (``jaxcluster.dispatch``,
+    ``jaxcluster.worker``, ``jaxcluster.ps``, ``jaxcluster.auth``; dependencies' warnings
+    under ``jaxcluster.deps``) after a level check against a cache refreshed every second
+    (rust/py/log.rs)."""
+
 # Every call that can wait releases the GIL while it waits and wakes every 50 ms to take it
 # just long enough to run Python's signal handlers, so Ctrl-C (or any handler that raises)
 # interrupts it with the handler's exception (rust/py/blocking.rs).
@@ -223,6 +231,10 @@ class WorkerServer:
     def status(self) -> dict[str, Any]:
         """What ``GetStatus`` would answer (same keys as :meth:`WorkerClient.get_status`)."""
 
+    def execution_seconds(self) -> dict[str, Any]:
+        """How long closures ran on this worker (the executor taking one to its answer),
+        as a histogram dict like ``Dispatcher.metrics()["latency"]``."""
+
 @final
 class WorkerJob:
     """One request taken by the executor; answer it exactly once.
@@ -333,7 +345,9 @@ class WorkerClient:
         ``jax_version``, ``platform``, ``functions_registered``, ``closures_run``,
         ``closures_failed``, ``queued``, ``inflight``, ``resources_created``,
         ``resources_released``, ``unauthenticated_requests``, ``rejected_requests``,
-        ``pid``, ``uptime_seconds``, ``protocol_revision``."""
+        ``pid``, ``uptime_seconds``, ``protocol_revision``, ``incarnation`` (random per
+        worker server, never 0: a restart changes it; 0 from a worker before it was
+        reported), ``last_error`` (the last closure error, ``Type: message``, or '')."""
 
     def list_devices(self, timeout: float | None = None) -> list[dict[str, str]]:
         """``[{"name": "/job:worker/replica:0/task:0/device:CPU:0", "device_type": "CPU"}]``."""
@@ -678,17 +692,28 @@ class Dispatcher:
         """Gauges ``queued``, ``inflight``; counters ``completed``, ``failed``,
         ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
         failed on an unreachable ps task, retried or not), ``functions_registered`` (payloads
-        sent to workers); ``workers`` (``[{"address", "state"}]``, state ``'up'`` |
-        ``'recovering'`` | ``'given_up'``); ``latency``: schedule-to-result seconds as
+        sent to workers); ``workers`` (per worker ``index``, ``address``, ``state``
+        ``'up'`` | ``'recovering'`` | ``'given_up'``, ``in_state_seconds``, ``last_error``
+        and this dispatcher's counts on it: ``completed``, ``failed``, ``retried``,
+        ``failures``); ``latency``: schedule-to-result seconds as
         ``{"bounds", "counts", "count", "sum", "max", "p50", "p99"}`` (``counts`` has one
         more entry than ``bounds``, for larger values; quantiles are bucket upper bounds,
         None before the first result)."""
 
     def worker_statuses(self) -> list[dict[str, Any]]:
         """Per worker: ``index``, ``address``, ``state``, ``in_state_seconds``,
-        ``last_error`` (str or None) and, once the worker answered, the fields of its last
-        ``GetStatus`` (``platform``, ``jax_version``, ``pid``, ``worker_index``, counters...;
-        its own ``'serving'``/``'draining'`` as ``serving_state``)."""
+        ``last_error`` (the link's last failure, str or None), this dispatcher's counts on
+        it (``completed``, ``failed``, ``retried``, ``failures``) and, once the worker
+        answered, the fields of its last ``GetStatus`` (``platform``, ``jax_version``,
+        ``pid``, ``incarnation``, ``worker_index``, ``closures_run``...; its own
+        ``'serving'``/``'draining'`` as ``serving_state``, its own last closure error as
+        ``worker_last_error``), how old that answer is (``status_age_seconds``) and, while
+        up, ``uptime_seconds`` carried forward to now."""
+
+    def refresh_statuses(self, max_age: float = 1.0, timeout: float = 1.0) -> int:
+        """Asks every ``up`` worker whose last ``GetStatus`` is older than ``max_age``
+        seconds for a new one, all at once, each bounded by ``timeout``; returns how many
+        answered. Releases the GIL; not interruptible (bounded by ``timeout``)."""
 
     def shutdown(self) -> None:
         """Stops dispatching: running RPCs are abandoned, queued and running closures are
@@ -828,7 +853,9 @@ class PsClient:
         """``ps_index``, ``jaxcluster_version``, ``protocol_revision``, ``incarnation``
         (random per process: changes when the ps restarts), ``variables``,
         ``variable_bytes``, ``reads``, ``updates``, ``variables_created``,
-        ``unauthenticated_requests``, ``rejected_requests``, ``pid``, ``uptime_seconds``."""
+        ``unauthenticated_requests``, ``rejected_requests``, ``pid``, ``uptime_seconds``,
+        ``bytes_read`` (tensor bytes sent in answers), ``bytes_written`` (tensor bytes
+        received in updates and new variables)."""
 
     def create_variable(
         self,

@@ -11,20 +11,26 @@ Example::
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from jaxcluster._auth import AUTH_TOKEN_ENV, auth_token_from_env
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "LOG_FORMAT",
+    "LOG_LEVEL_ENV",
     "TaskSetupError",
     "add_task_arguments",
+    "configure_logging",
     "read_token",
+    "start_metrics",
     "task_settings",
     "tls_error",
     "tls_files",
@@ -32,6 +38,11 @@ __all__ = [
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: The default level of the ``jaxcluster`` loggers in a task process (``--log-level``).
+LOG_LEVEL_ENV = "JAXCLUSTER_LOG_LEVEL"
+#: A task process's log lines on stderr: when, how bad, which logger, what.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Between attempts to resolve the cluster while its other tasks are still starting.
 _RESOLVE_RETRY_SECONDS = 2.0
 
@@ -89,6 +100,28 @@ def add_task_arguments(
         "connect with tls_ca=",
     )
     parser.add_argument("--tls-key", type=Path, default=None, help="PEM private key for --tls-cert")
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=_LOG_LEVELS,
+        default=None,
+        help=f"level of the jaxcluster log lines on stderr (default ${LOG_LEVEL_ENV}, else "
+        "INFO); other libraries' records show from WARNING",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port (0 picks a free one); needs "
+        "pip install 'jaxcluster[metrics]'",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="interface for --metrics-port (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
     parser.add_argument(
         "--stop-on-stdin-eof",
         action="store_true",
@@ -207,6 +240,37 @@ def task_settings(args: argparse.Namespace, *, job: str, prog: str) -> tuple[str
     if index < 0:
         raise TaskSetupError(f"--index {index} is negative; expected 0 or more")
     return token, address or "127.0.0.1:0", index
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    """Log lines with timestamps on stderr: the process is an application, so it
+    configures ``logging`` (the library only adds a ``NullHandler``). The ``jaxcluster``
+    loggers log from ``--log-level`` (else ``$JAXCLUSTER_LOG_LEVEL``, else INFO), everything
+    else from WARNING, so user code's own warnings in closures show too."""
+    level = args.log_level or os.environ.get(LOG_LEVEL_ENV, "").strip().upper() or "INFO"
+    if level not in _LOG_LEVELS:
+        raise TaskSetupError(
+            f"{LOG_LEVEL_ENV}={os.environ.get(LOG_LEVEL_ENV)!r} is not a log level; expected "
+            f"one of {', '.join(_LOG_LEVELS)}"
+        )
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("jaxcluster").setLevel(level)
+    from jaxcluster._native import core
+
+    core.refresh_log_levels()
+
+
+def start_metrics(
+    args: argparse.Namespace, serve: Callable[[Any, str, int], Any], server: Any
+) -> Any:
+    """Starts the ``--metrics-port`` endpoint for ``server`` (``None`` without the flag)."""
+    if args.metrics_port is None:
+        return None
+    if not 0 <= args.metrics_port <= 65535:
+        raise TaskSetupError(f"--metrics-port {args.metrics_port} is not a TCP port (0-65535)")
+    endpoint = serve(server, args.metrics_host, args.metrics_port)
+    logging.getLogger("jaxcluster.metrics").info("serving Prometheus metrics at %s", endpoint.url)
+    return endpoint
 
 
 def watch_stdin(on_eof: Callable[[], None]) -> None:

@@ -32,6 +32,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "jaxcluster.commands.resolve",
         "detect the cluster this process is in and print it (json, env or explain)",
     ),
+    "status": (
+        "jaxcluster.commands.status",
+        "show every worker's and ps task's state, closures, uptime and last error",
+    ),
     "demo": ("jaxcluster.commands.demo", "train a small JAX model on a local cluster"),
     "tls": (
         "jaxcluster.commands.tls",

@@ -59,6 +59,9 @@ class LocalCluster:
         self._env = {**os.environ, **(env or {}), AUTH_TOKEN_ENV: self._token}
         # Output is forwarded line by line; unbuffered tasks keep it in order and timely.
         self._env.setdefault("PYTHONUNBUFFERED", "1")
+        # Its tasks' output is forwarded into this process: only their warnings by default
+        # (env={"JAXCLUSTER_LOG_LEVEL": "INFO"} shows their INFO lines too).
+        self._env.setdefault("JAXCLUSTER_LOG_LEVEL", "WARNING")
         self._start_timeout = start_timeout
         self._stopped = False
         self._workers = TaskGroup("worker", num_workers, self._env, self._token, worker_args)

@@ -1,8 +1,11 @@
 //! [`Dispatcher`]: the public face of the dispatcher and the state its links share.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -21,6 +24,24 @@ use super::status::{LinkState, LinkStatus, WorkerSnapshot};
 use super::transport::WorkerTransport;
 use super::DispatchError;
 use crate::queue::{ClosureQueue, QueueError, Tag, TryPutError, WaitPolicy};
+use crate::rpc::{pb, RpcError};
+
+/// A boxed `GetStatus` call, so the dispatcher can hold its links' transports without
+/// knowing their type.
+type StatusCall<'a> =
+    Pin<Box<dyn Future<Output = Result<pb::GetStatusResponse, RpcError>> + Send + 'a>>;
+
+/// `GetStatus` on one worker, object-safe (a [`WorkerTransport`]'s methods return
+/// `impl Future`, so it cannot be a trait object itself).
+trait StatusProbe: Send + Sync {
+    fn probe(&self, timeout: Duration) -> StatusCall<'_>;
+}
+
+impl<T: WorkerTransport> StatusProbe for T {
+    fn probe(&self, timeout: Duration) -> StatusCall<'_> {
+        Box::pin(self.get_status(Some(timeout)))
+    }
+}
 
 /// Closure ids are unique in the process (workers echo them; logs can correlate them).
 static NEXT_CLOSURE_ID: AtomicU64 = AtomicU64::new(1);
@@ -117,6 +138,8 @@ pub struct MetricsSnapshot {
 pub struct Dispatcher {
     shared: Arc<Shared>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Each link's transport, shared with the link, for [`Dispatcher::refresh_statuses`].
+    probes: Vec<Arc<dyn StatusProbe>>,
 }
 
 impl Dispatcher {
@@ -153,9 +176,14 @@ impl Dispatcher {
             stop: watch::Sender::new(false),
             given_up: watch::Sender::new(0),
         });
+        let transports: Vec<Arc<T>> = transports.into_iter().map(Arc::new).collect();
         let dispatcher = Self {
             shared: Arc::clone(&shared),
             threads: Mutex::new(Vec::new()),
+            probes: transports
+                .iter()
+                .map(|transport| Arc::clone(transport) as Arc<dyn StatusProbe>)
+                .collect(),
         };
         for (index, transport) in transports.into_iter().enumerate() {
             let link = Link::new(index, transport, Arc::clone(&shared), runtime.clone());
@@ -371,6 +399,55 @@ impl Dispatcher {
     /// Each worker's address, state, last error and last `GetStatus` answer.
     pub fn worker_statuses(&self) -> Vec<WorkerSnapshot> {
         self.shared.links.iter().map(LinkStatus::snapshot).collect()
+    }
+
+    /// Asks every `up` worker whose last `GetStatus` answer is older than `max_age` for a
+    /// new one, all at once, each bounded by `timeout`; returns how many answered. Blocks
+    /// the calling thread (not a runtime thread) for at most about `timeout`.
+    ///
+    /// The links record `GetStatus` only when they probe (connecting, recovering,
+    /// checking for a restart), so a worker's own counters would otherwise age from the
+    /// moment it connected; this is how `coordinator.workers` stays live without a poll
+    /// per worker running all the time (at 1,000 workers, that is 1,000 RPCs per period
+    /// for a view nobody may read). A failed probe is not a worker failure: the link
+    /// finds out by itself when it next uses the worker.
+    pub fn refresh_statuses(&self, max_age: Duration, timeout: Duration) -> usize {
+        let stale: Vec<usize> = self
+            .shared
+            .links
+            .iter()
+            .enumerate()
+            .filter(|(_, link)| {
+                link.state() == LinkState::Up
+                    && !matches!(link.status_age(), Some(age) if age <= max_age)
+            })
+            .map(|(index, _)| index)
+            .collect();
+        if stale.is_empty() || self.is_shut_down() {
+            return 0;
+        }
+        let Ok(runtime) = crate::runtime::runtime() else {
+            return 0;
+        };
+        let shared = Arc::clone(&self.shared);
+        let probes: Vec<(usize, Arc<dyn StatusProbe>)> = stale
+            .into_iter()
+            .map(|index| (index, Arc::clone(&self.probes[index])))
+            .collect();
+        runtime.block_on(async move {
+            let mut calls = tokio::task::JoinSet::new();
+            for (index, probe) in probes {
+                calls.spawn(async move { (index, probe.probe(timeout).await) });
+            }
+            let mut answered = 0;
+            while let Some(joined) = calls.join_next().await {
+                if let Ok((index, Ok(status))) = joined {
+                    shared.links[index].record_status(status);
+                    answered += 1;
+                }
+            }
+            answered
+        })
     }
 
     /// Stops dispatching: in-flight RPCs are abandoned, queued and in-flight closures are

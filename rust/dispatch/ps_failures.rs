@@ -41,6 +41,19 @@ use super::failure::ClosureFailure;
 /// TF's default for `TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`.
 pub const DEFAULT_TRANSIENT_PS_FAILURES: u32 = 3;
 
+/// One ps-failure report as the rule judged it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PsReport {
+    /// The ps task the failure names.
+    pub task: i64,
+    /// Reports about that task so far, this one included.
+    pub count: u32,
+    /// The threshold in force (0: none is transient).
+    pub threshold: u32,
+    /// Whether the closure is put back rather than failed.
+    pub transient: bool,
+}
+
 /// Counts ps-failure reports per ps task and says which are transient.
 #[derive(Debug)]
 pub(crate) struct PsFailures {
@@ -61,18 +74,33 @@ impl PsFailures {
 
     /// Records `failure` if it names a ps task; `true` when it is transient (put the
     /// closure back), `false` when it must settle the closure (or is no ps failure).
+    #[cfg(test)]
     pub fn record_and_ignore(&self, failure: &ClosureFailure) -> bool {
-        let Some(task) = failure.ps_task else {
-            return false;
-        };
+        self.record(failure).is_some_and(|report| report.transient)
+    }
+
+    /// Records `failure` if it names a ps task, saying what the rule makes of it; `None`
+    /// for a failure that is no ps failure.
+    pub fn record(&self, failure: &ClosureFailure) -> Option<PsReport> {
+        let task = failure.ps_task?;
         self.reports.fetch_add(1, Ordering::Relaxed);
         if self.threshold == 0 {
-            return false;
+            return Some(PsReport {
+                task,
+                count: 1,
+                threshold: 0,
+                transient: false,
+            });
         }
         let mut counts = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let count = counts.entry(task).or_insert(0);
         *count = count.saturating_add(1);
-        *count < self.threshold
+        Some(PsReport {
+            task,
+            count: *count,
+            threshold: self.threshold,
+            transient: *count < self.threshold,
+        })
     }
 
     /// Every ps-failure report so far, transient or not.

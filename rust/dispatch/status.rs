@@ -1,10 +1,49 @@
-//! What each link reports about its worker: state, since when, the last error and the
-//! last `GetStatus` answer.
+//! What each link reports about its worker: state, since when, the last error, the last
+//! `GetStatus` answer (and how old it is), what identifies the worker's process, and
+//! per-worker counters.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::rpc::pb;
+
+/// What tells one worker process from the next: its random `incarnation`, or, for a
+/// worker too old to report one (0), its `pid`. A pid alone cannot: in a container every
+/// worker's main process is pid 1, so a restarted pod would look unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Incarnation {
+    /// `GetStatusResponse.incarnation`, random per worker server.
+    Random(u64),
+    /// The pid of a worker that reports no incarnation.
+    Pid(u64),
+}
+
+impl Incarnation {
+    /// The incarnation a `GetStatus` answer reports.
+    pub fn of(status: &pb::GetStatusResponse) -> Self {
+        if status.incarnation == 0 {
+            Self::Pid(status.pid)
+        } else {
+            Self::Random(status.incarnation)
+        }
+    }
+}
+
+/// Per-worker counters since the dispatcher was made, written by the worker's link
+/// without locks. Aligned to its own cache lines: each link bumps its own per closure.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct LinkCounters {
+    /// Closures settled with a value by this worker.
+    pub completed: AtomicU64,
+    /// Closures settled with an error on this worker.
+    pub failed: AtomicU64,
+    /// Executions on this worker put back to run again.
+    pub retried: AtomicU64,
+    /// Times this worker was found failed.
+    pub failures: AtomicU64,
+}
 
 /// A worker's state as its link sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,13 +82,23 @@ pub struct WorkerSnapshot {
     pub last_error: Option<String>,
     /// The worker's last `GetStatus` answer (platform, versions, counters), when known.
     pub status: Option<pb::GetStatusResponse>,
+    /// How long ago that answer came.
+    pub status_age: Option<Duration>,
+    /// Closures that ended with a value on this worker.
+    pub completed: u64,
+    /// Closures that ended with an error on this worker.
+    pub failed: u64,
+    /// Executions on this worker put back to run again.
+    pub retried: u64,
+    /// Times this worker was found failed.
+    pub failures: u64,
 }
 
 struct Info {
     state: LinkState,
     since: Instant,
     last_error: Option<String>,
-    status: Option<pb::GetStatusResponse>,
+    status: Option<(pb::GetStatusResponse, Instant)>,
 }
 
 /// The shared, lockable status of one link (written by the link, read by anyone).
@@ -57,6 +106,8 @@ pub(crate) struct LinkStatus {
     index: usize,
     address: String,
     info: Mutex<Info>,
+    /// Per-worker counters.
+    pub counters: LinkCounters,
 }
 
 impl LinkStatus {
@@ -72,6 +123,7 @@ impl LinkStatus {
                 last_error: None,
                 status: None,
             }),
+            counters: LinkCounters::default(),
         }
     }
 
@@ -102,18 +154,29 @@ impl LinkStatus {
     }
 
     pub fn record_status(&self, status: pb::GetStatusResponse) {
-        self.lock().status = Some(status);
+        self.lock().status = Some((status, Instant::now()));
+    }
+
+    /// How long ago the last `GetStatus` answer was recorded; `None` if never.
+    pub fn status_age(&self) -> Option<Duration> {
+        self.lock().status.as_ref().map(|(_, at)| at.elapsed())
     }
 
     pub fn snapshot(&self) -> WorkerSnapshot {
         let info = self.lock();
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         WorkerSnapshot {
             index: self.index,
             address: self.address.clone(),
             state: info.state,
             in_state_for: info.since.elapsed(),
             last_error: info.last_error.clone(),
-            status: info.status.clone(),
+            status: info.status.as_ref().map(|(status, _)| status.clone()),
+            status_age: info.status.as_ref().map(|(_, at)| at.elapsed()),
+            completed: load(&self.counters.completed),
+            failed: load(&self.counters.failed),
+            retried: load(&self.counters.retried),
+            failures: load(&self.counters.failures),
         }
     }
 }

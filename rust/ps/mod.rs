@@ -12,7 +12,6 @@ pub mod service;
 pub mod store;
 pub mod tensor;
 
-use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -78,18 +77,6 @@ pub enum PsError {
     },
 }
 
-/// A process-unique random number (never 0), so clients can tell a restarted ps apart.
-fn new_incarnation() -> u64 {
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.finish().max(1)
-}
-
 impl From<BindError> for PsError {
     fn from(error: BindError) -> Self {
         match error {
@@ -148,7 +135,7 @@ impl PsServer {
             serve::bind(&config.address, config.auth_token.is_some(), exposes).await?;
         let shared = Arc::new(PsShared {
             ps_index: config.ps_index,
-            incarnation: new_incarnation(),
+            incarnation: crate::rpc::new_incarnation(),
             max_message_bytes: limit,
             store: VariableStore::new(config.ps_index),
             stats: PsStats::default(),

@@ -28,6 +28,10 @@ pub struct PsStats {
     pub unauthenticated: Arc<AtomicU64>,
     /// Requests refused as malformed, mismatched, unknown or oversized.
     pub rejected: AtomicU64,
+    /// Tensor bytes sent in answers (reads, `read_value` of updates).
+    pub bytes_read: AtomicU64,
+    /// Tensor bytes received in updates and new variables.
+    pub bytes_written: AtomicU64,
 }
 
 /// State shared by the service and the server handle.
@@ -69,6 +73,8 @@ impl PsShared {
             rejected_requests: load(&self.stats.rejected),
             pid: u64::from(std::process::id()),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
+            bytes_read: load(&self.stats.bytes_read),
+            bytes_written: load(&self.stats.bytes_written),
         }
     }
 
@@ -110,6 +116,9 @@ impl PsShared {
     ) -> Result<pb::UpdateResponse, Status> {
         let (version, value) = result.map_err(|e| self.store_error(&e))?;
         count(&self.stats.updates, 1);
+        if let Some(value) = &value {
+            count(&self.stats.bytes_read, value.data.len() as u64);
+        }
         self.sized(
             pb::UpdateResponse { version, value },
             "the updated value",
@@ -125,6 +134,7 @@ impl PsShared {
     ) -> Result<pb::UpdateResponse, Status> {
         let what = format!("the value for {} to {:?}", op.verb(), request.name);
         let value = self.view(request.value.as_ref(), &what)?;
+        count(&self.stats.bytes_written, value.data.len() as u64);
         self.updated(
             self.store
                 .update(&request.name, op, &value, request.read_value),
@@ -143,6 +153,7 @@ impl PsShared {
             .create(&request.name, &value, request.replace)
             .map_err(|e| self.store_error(&e))?;
         count(&self.stats.variables_created, 1);
+        count(&self.stats.bytes_written, value.data.len() as u64);
         Ok(pb::CreateVariableResponse { replaced })
     }
 
@@ -152,6 +163,7 @@ impl PsShared {
             .read(&request.name)
             .map_err(|e| self.store_error(&e))?;
         count(&self.stats.reads, 1);
+        count(&self.stats.bytes_read, value.data.len() as u64);
         let response = pb::ReadResponse {
             value: Some(value),
             version,
@@ -166,6 +178,7 @@ impl PsShared {
     ) -> Result<pb::UpdateResponse, Status> {
         let what = format!("the updates for scatter_add to {:?}", request.name);
         let updates = self.view(request.updates.as_ref(), &what)?;
+        count(&self.stats.bytes_written, updates.data.len() as u64);
         self.updated(
             self.store.scatter_add(
                 &request.name,
@@ -194,6 +207,12 @@ impl PsShared {
             .read_many(&request.names)
             .map_err(|e| self.store_error(&e))?;
         count(&self.stats.reads, variables.len() as u64);
+        let bytes: usize = variables
+            .iter()
+            .filter_map(|item| item.value.as_ref())
+            .map(|value| value.data.len())
+            .sum();
+        count(&self.stats.bytes_read, bytes as u64);
         self.sized(
             pb::ReadManyResponse { variables },
             "the variables read",
@@ -218,6 +237,8 @@ impl PsShared {
             .assign_many(&items, request.create_missing)
             .map_err(|e| self.store_error(&e))?;
         count(&self.stats.updates, u64::from(assigned));
+        let bytes: usize = items.iter().map(|(_, value)| value.data.len()).sum();
+        count(&self.stats.bytes_written, bytes as u64);
         count(&self.stats.variables_created, u64::from(created));
         Ok(pb::AssignManyResponse { assigned, created })
     }

@@ -64,6 +64,8 @@ pub(crate) fn status_dict<'py>(
     d.set_item("pid", s.pid)?;
     d.set_item("uptime_seconds", s.uptime_seconds)?;
     d.set_item("protocol_revision", s.protocol_revision)?;
+    d.set_item("incarnation", s.incarnation)?;
+    d.set_item("last_error", &s.last_error)?;
     Ok(d)
 }
 

@@ -179,6 +179,13 @@ impl PyDispatcher {
         PyList::new(py, workers)
     }
 
+    #[pyo3(signature = (max_age = 1.0, timeout = 1.0))]
+    fn refresh_statuses(&self, py: Python<'_>, max_age: f64, timeout: f64) -> PyResult<usize> {
+        let max_age = duration(Some(max_age), "refresh_statuses(): max_age")?.unwrap_or_default();
+        let timeout = duration(Some(timeout), "refresh_statuses(): timeout")?.unwrap_or_default();
+        Ok(py.detach(|| self.inner.refresh_statuses(max_age, timeout)))
+    }
+
     fn shutdown(&self, py: Python<'_>) {
         py.detach(|| self.inner.shutdown());
     }

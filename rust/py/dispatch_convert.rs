@@ -10,7 +10,9 @@ use super::blocking::interrupted;
 use super::client::status_dict;
 use super::errors::new_error;
 use super::outcome::PyClosureError;
-use crate::dispatch::{ClosureFailure, DispatchError, MetricsSnapshot, WorkerSnapshot};
+use crate::dispatch::{
+    ClosureFailure, DispatchError, LatencySnapshot, LinkState, MetricsSnapshot, WorkerSnapshot,
+};
 
 /// The one mapping from dispatcher errors to Python exceptions.
 pub(super) fn dispatch_error(py: Python<'_>, error: DispatchError) -> PyErr {
@@ -58,20 +60,37 @@ pub(super) fn metrics_dict<'py>(
     let workers = PyList::empty(py);
     for worker in &m.workers {
         let w = PyDict::new(py);
+        w.set_item("index", worker.index)?;
         w.set_item("address", &worker.address)?;
         w.set_item("state", worker.state.label())?;
+        w.set_item("in_state_seconds", worker.in_state_for.as_secs_f64())?;
+        w.set_item("completed", worker.completed)?;
+        w.set_item("failed", worker.failed)?;
+        w.set_item("retried", worker.retried)?;
+        w.set_item("failures", worker.failures)?;
+        w.set_item("last_error", worker.last_error.as_deref())?;
         workers.append(w)?;
     }
     d.set_item("workers", workers)?;
-    let latency = PyDict::new(py);
-    latency.set_item("bounds", &m.latency.bounds)?;
-    latency.set_item("counts", &m.latency.counts)?;
-    latency.set_item("count", m.latency.count)?;
-    latency.set_item("sum", m.latency.sum)?;
-    latency.set_item("max", m.latency.max)?;
-    latency.set_item("p50", m.latency.quantile(0.5))?;
-    latency.set_item("p99", m.latency.quantile(0.99))?;
+    let latency = latency_dict(py, &m.latency)?;
     d.set_item("latency", latency)?;
+    Ok(d)
+}
+
+/// A latency histogram as a dict: `bounds` (seconds), `counts` (one per bound, then the
+/// overflow bucket), `count`, `sum`, `max`, `p50`, `p99`.
+pub(super) fn latency_dict<'py>(
+    py: Python<'py>,
+    latency: &LatencySnapshot,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bounds", &latency.bounds)?;
+    d.set_item("counts", &latency.counts)?;
+    d.set_item("count", latency.count)?;
+    d.set_item("sum", latency.sum)?;
+    d.set_item("max", latency.max)?;
+    d.set_item("p50", latency.quantile(0.5))?;
+    d.set_item("p99", latency.quantile(0.99))?;
     Ok(d)
 }
 
@@ -90,10 +109,23 @@ pub(super) fn worker_dict<'py>(
         }
         None => PyDict::new(py),
     };
+    if let (Some(status), Some(age)) = (&w.status, w.status_age) {
+        // The worker's own last error, kept apart from the link's (`last_error`).
+        d.set_item("worker_last_error", &status.last_error)?;
+        d.set_item("status_age_seconds", age.as_secs_f64())?;
+        if w.state == LinkState::Up {
+            // Uptime goes on between answers: reported plus the answer's age.
+            d.set_item("uptime_seconds", status.uptime_seconds + age.as_secs_f64())?;
+        }
+    }
     d.set_item("index", w.index)?;
     d.set_item("address", &w.address)?;
     d.set_item("state", w.state.label())?;
     d.set_item("in_state_seconds", w.in_state_for.as_secs_f64())?;
     d.set_item("last_error", w.last_error.as_deref())?;
+    d.set_item("completed", w.completed)?;
+    d.set_item("failed", w.failed)?;
+    d.set_item("retried", w.retried)?;
+    d.set_item("failures", w.failures)?;
     Ok(d)
 }

@@ -10,6 +10,7 @@ mod device;
 mod dispatch;
 mod dispatch_convert;
 mod errors;
+mod log;
 mod outcome;
 mod ps;
 mod queue;
@@ -18,6 +19,8 @@ mod worker;
 /// Registers every binding on the `_core` module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    log::install();
+    m.add_function(wrap_pyfunction!(log::refresh_log_levels, m)?)?;
     m.add_class::<worker::PyWorkerServer>()?;
     m.add_class::<worker::PyWorkerJob>()?;
     m.add_class::<client::PyWorkerClient>()?;

@@ -43,6 +43,8 @@ fn status_dict<'py>(py: Python<'py>, s: &pb::PsStatusResponse) -> PyResult<Bound
     d.set_item("rejected_requests", s.rejected_requests)?;
     d.set_item("pid", s.pid)?;
     d.set_item("uptime_seconds", s.uptime_seconds)?;
+    d.set_item("bytes_read", s.bytes_read)?;
+    d.set_item("bytes_written", s.bytes_written)?;
     Ok(d)
 }
 

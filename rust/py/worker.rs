@@ -12,6 +12,7 @@ use super::blocking::{block_detached, finish_serving, wait_in_slices};
 use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use super::client::status_dict;
 use super::convert::duration;
+use super::dispatch_convert::latency_dict;
 use crate::rpc::codes::{function_kind_name, parse_code, parse_error_kind};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
@@ -143,6 +144,10 @@ impl PyWorkerServer {
 
     fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         status_dict(py, &self.inner.status())
+    }
+
+    fn execution_seconds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        latency_dict(py, &self.inner.execution_times())
     }
 
     fn __repr__(&self) -> String {

@@ -56,8 +56,28 @@ impl AuthCheck {
         }
     }
 
-    fn refuse(&self, message: &str) -> Status {
-        self.rejected.fetch_add(1, Ordering::Relaxed);
+    fn refuse(&self, request: &Request<()>, message: &str) -> Status {
+        let before = self.rejected.fetch_add(1, Ordering::Relaxed);
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "an unknown peer".to_owned(), |peer| peer.to_string());
+        // The first refusal is a warning (a misconfigured coordinator, or someone probing
+        // the port); the rest are counted in GetStatus and logged at DEBUG, so a flood
+        // cannot flood the log.
+        if before == 0 {
+            tracing::warn!(
+                target: crate::log_target::AUTH,
+                peer = peer.as_str(),
+                "refused a request from {peer}: {message} (further refusals are logged at \
+                 DEBUG and counted as unauthenticated_requests)",
+            );
+        } else {
+            tracing::debug!(
+                target: crate::log_target::AUTH,
+                peer = peer.as_str(),
+                "refused a request from {peer}: {message}",
+            );
+        }
         Status::unauthenticated(message)
     }
 }
@@ -69,6 +89,7 @@ impl Interceptor for AuthCheck {
         };
         let Some(value) = request.metadata().get(AUTHORIZATION) else {
             return Err(self.refuse(
+                &request,
                 "this worker requires a token: send metadata 'authorization: Bearer <token>' \
                  (the coordinator takes auth_token= or JAXCLUSTER_AUTH_TOKEN)",
             ));
@@ -77,6 +98,7 @@ impl Interceptor for AuthCheck {
             Ok(request)
         } else {
             Err(self.refuse(
+                &request,
                 "the 'authorization' metadata does not carry this worker's token; expected \
                  'Bearer <token>' with the token the worker was started with",
             ))

@@ -39,6 +39,23 @@ pub const PROTOCOL_REVISION: u32 = 4;
 /// knows before sending anything large whether the worker assembles chunked requests.
 pub const REVISION_HEADER: &str = "jaxcluster-protocol-revision";
 
+/// A random number, never 0, drawn once per server (worker or ps) so that clients can
+/// tell a restarted process from the one before: its `pid` cannot, since in a container
+/// every task's main process is pid 1. `RandomState` is seeded from the operating
+/// system's randomness; the pid and the clock are hashed in too, so two servers started
+/// in one process differ as well.
+pub fn new_incarnation() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish().max(1)
+}
+
 /// The content hash of a function payload: its SHA-256 digest.
 ///
 /// ```

@@ -105,6 +105,8 @@ pub struct Job {
     reply: Option<ReplyTo>,
     /// Set once popped: answering or dropping the job ends its inflight period.
     queue: Option<Arc<JobQueue>>,
+    /// When the executor took it, for the execution-time histogram.
+    started: Option<Instant>,
 }
 
 impl Job {
@@ -117,6 +119,7 @@ impl Job {
     pub fn reply(mut self, reply: JobReply) {
         if let Some(queue) = &self.queue {
             count_reply(&queue.stats, &reply);
+            self.time_execution(&queue.stats);
         }
         self.send(Ok(reply));
     }
@@ -126,8 +129,19 @@ impl Job {
         if let (Some(queue), JobRequest::Run { .. }) = (&self.queue, &self.request) {
             queue.stats.closures_run.fetch_add(1, Ordering::Relaxed);
             queue.stats.closures_failed.fetch_add(1, Ordering::Relaxed);
+            queue
+                .stats
+                .note_error(&format!("{:?}: {}", status.code(), status.message()));
+            self.time_execution(&queue.stats);
         }
         self.send(Err(status));
+    }
+
+    /// Records how long a closure ran (from the executor taking it to its answer).
+    fn time_execution(&self, stats: &Stats) {
+        if let (JobRequest::Run { .. }, Some(started)) = (&self.request, self.started) {
+            stats.execution.observe(started.elapsed());
+        }
     }
 
     fn send(&mut self, result: Result<JobReply, Status>) {
@@ -191,16 +205,19 @@ fn count_reply(stats: &Stats, reply: &JobReply) {
     match reply {
         JobReply::Run(response) => {
             stats.closures_run.fetch_add(1, Ordering::Relaxed);
-            if let Some(pb::run_closure_response::Outcome::Result(value)) = &response.outcome {
-                stats
-                    .bytes_sent
-                    .fetch_add(value_bytes(value), Ordering::Relaxed);
-            }
-            if matches!(
-                response.outcome,
-                Some(pb::run_closure_response::Outcome::Error(_)) | None
-            ) {
-                stats.closures_failed.fetch_add(1, Ordering::Relaxed);
+            match &response.outcome {
+                Some(pb::run_closure_response::Outcome::Error(error)) => {
+                    stats.closures_failed.fetch_add(1, Ordering::Relaxed);
+                    stats.note_error(&format!("{}: {}", error.type_name, error.message));
+                }
+                None => {
+                    stats.closures_failed.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(pb::run_closure_response::Outcome::Result(value)) => {
+                    stats
+                        .bytes_sent
+                        .fetch_add(value_bytes(value), Ordering::Relaxed);
+                }
             }
         }
         JobReply::CreateResource(response) => {
@@ -325,6 +342,7 @@ impl JobQueue {
             request,
             reply: Some(ReplyTo::Call(sender)),
             queue: None,
+            started: None,
         });
         self.wake(state);
         Ok(receiver)
@@ -355,6 +373,7 @@ impl JobQueue {
             request,
             reply: Some(ReplyTo::Stream(Arc::clone(stream))),
             queue: None,
+            started: None,
         }));
         self.wake(state);
     }
@@ -476,6 +495,7 @@ impl JobQueue {
             }
             state.inflight += 1;
             job.queue = Some(Arc::clone(self));
+            job.started = Some(Instant::now());
             return Some(Pop::Job(job));
         }
         None

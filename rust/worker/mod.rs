@@ -154,6 +154,7 @@ impl WorkerServer {
             queue: Arc::new(JobQueue::new(Arc::clone(&counters), config.worker_index)),
             stats: Arc::clone(&counters),
             started: Instant::now(),
+            incarnation: crate::rpc::new_incarnation(),
         });
         let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&state)))
             .max_decoding_message_size(limit)
@@ -190,7 +191,25 @@ impl WorkerServer {
     /// Stops taking closures; queued ones are answered `UNAVAILABLE`. Returns `false` if
     /// shutdown had already begun.
     pub fn begin_shutdown(&self) -> bool {
-        self.state.queue.begin_drain()
+        let (queued, inflight) = self.state.queue.depth();
+        if !self.state.queue.begin_drain() {
+            return false;
+        }
+        // Logged from the runtime, not from the caller: that is often a signal handler,
+        // where Python's logging must not run.
+        let index = self.state.worker_index;
+        let address = self.local_addr;
+        if let Ok(runtime) = crate::runtime::runtime() {
+            runtime.spawn(async move {
+                tracing::info!(
+                    target: crate::log_target::WORKER,
+                    "worker {index} on {address} is draining: new closures are refused \
+                     (coordinators run them elsewhere), {queued} queued closure(s) handed \
+                     back, {inflight} running to finish",
+                );
+            });
+        }
+        true
     }
 
     /// Whether shutdown has begun.
@@ -206,6 +225,11 @@ impl WorkerServer {
     /// The `GetStatus` answer right now.
     pub fn status(&self) -> pb::GetStatusResponse {
         self.state.status()
+    }
+
+    /// How long closures ran here (executor taking one to its answer), for metrics.
+    pub fn execution_times(&self) -> crate::histogram::LatencySnapshot {
+        self.state.stats.execution.snapshot()
     }
 
     /// Closes the listener and returns the serving task, which ends once in-flight RPCs

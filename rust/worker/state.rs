@@ -41,6 +41,8 @@ pub struct WorkerState {
     pub stats: Arc<Stats>,
     /// When the server started, for `uptime_seconds`.
     pub started: Instant,
+    /// Random per server; a restart changes it (see `GetStatusResponse.incarnation`).
+    pub incarnation: u64,
 }
 
 impl WorkerState {
@@ -71,6 +73,8 @@ impl WorkerState {
             pid: u64::from(std::process::id()),
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             protocol_revision: PROTOCOL_REVISION,
+            incarnation: self.incarnation,
+            last_error: self.stats.last_error(),
             device_count: self.devices.len() as u32,
             device_kind: self.device_kind.clone(),
             closure_bytes_received: load(&self.stats.bytes_received),

@@ -4,7 +4,12 @@
 //! jobs are answered (`jobs.rs`), so this file depends on nothing else in the worker.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::histogram::Histogram;
+
+/// Longest `last_error` kept, in characters.
+const LAST_ERROR_CHARS: usize = 200;
 
 /// Monotonic counters, updated without locks from handlers and the executor.
 #[derive(Debug, Default)]
@@ -21,6 +26,10 @@ pub struct Stats {
     pub unauthenticated: Arc<AtomicU64>,
     /// Requests refused as malformed, unknown or oversized.
     pub rejected: AtomicU64,
+    /// How long closures ran, from the executor taking one to its answer.
+    pub execution: Histogram,
+    /// The last closure error answered, `Type: message` (first line, shortened).
+    last_error: Mutex<String>,
     /// Bytes of closure and resource arguments received (pickle plus buffers).
     pub bytes_received: AtomicU64,
     /// Bytes of closure results sent (pickle plus buffers).
@@ -39,5 +48,27 @@ impl Stats {
     pub fn reject(&self, status: tonic::Status) -> tonic::Status {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         status
+    }
+
+    /// Remembers `error` as the last closure error (its first line, at most
+    /// `LAST_ERROR_CHARS` characters: enough to say what failed, bounded per failure).
+    pub fn note_error(&self, error: &str) {
+        let first_line = error.lines().next().unwrap_or_default();
+        let mut shortened: String = first_line.chars().take(LAST_ERROR_CHARS).collect();
+        if shortened.len() < first_line.len() {
+            shortened.push('…');
+        }
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = shortened;
+    }
+
+    /// The last closure error, empty if none.
+    pub fn last_error(&self) -> String {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }

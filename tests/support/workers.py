@@ -80,16 +80,21 @@ class WorkerProc:
 
 
 def launch(
-    args: Sequence[str] = (), *, token: str | None = "test-token", env: dict[str, str] | None = None
+    args: Sequence[str] = (),
+    *,
+    token: str | None = "test-token",
+    env: dict[str, str] | None = None,
+    prefix: Sequence[str] = (),
 ) -> WorkerProc:
-    """Starts a worker process (without waiting for it to be ready)."""
+    """Starts a worker process (without waiting for it to be ready); ``prefix`` is a
+    command to run it under (e.g. ``unshare --pid --fork``)."""
     full_env = {k: v for k, v in os.environ.items() if k != "JAXCLUSTER_AUTH_TOKEN"}
     full_env["PYTHONUNBUFFERED"] = "1"
     if token is not None:
         full_env["JAXCLUSTER_AUTH_TOKEN"] = token
     full_env.update(env or {})
     popen = subprocess.Popen(
-        [sys.executable, "-m", "jaxcluster.worker", *args],
+        [*prefix, sys.executable, "-m", "jaxcluster.worker", *args],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
@@ -27,6 +28,8 @@ from jaxcluster.coordinator.structure import map_structure
 __all__ = ["ClusterCoordinator"]
 
 _ERROR_POLICIES = ("cancel_all", "per_closure")
+# `workers`: each up worker is asked for a fresh GetStatus, bounded by this.
+_WORKERS_STATUS_TIMEOUT_SECONDS = 1.0
 _log = logging.getLogger("jaxcluster.coordinator")
 
 
@@ -66,6 +69,23 @@ def _worker_addresses(resolver: Any) -> list[str]:
     return [str(address) for address in tasks]
 
 
+def _check_seconds(name: str, value: Any) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+    ):
+        raise ValueError(f"{name}={value!r}; expected None or a positive number of seconds")
+
+
+def _check_metrics_port(port: Any) -> None:
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+    ):
+        raise ValueError(
+            f"metrics_port={port!r}; expected None (no metrics endpoint) or a TCP port "
+            "0-65535 (0 picks a free one; see metrics_address)"
+        )
+
+
 def _check_options(max_queue_size: int, error_policy: str, closure_timeout: Any) -> None:
     if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int):
         raise TypeError(f"max_queue_size={max_queue_size!r}; expected an int")
@@ -73,14 +93,7 @@ def _check_options(max_queue_size: int, error_policy: str, closure_timeout: Any)
         raise ValueError(
             f"error_policy={error_policy!r}; expected one of {', '.join(_ERROR_POLICIES)}"
         )
-    if closure_timeout is not None and (
-        isinstance(closure_timeout, bool)
-        or not isinstance(closure_timeout, (int, float))
-        or closure_timeout <= 0
-    ):
-        raise ValueError(
-            f"closure_timeout={closure_timeout!r}; expected None or a positive number of seconds"
-        )
+    _check_seconds("closure_timeout", closure_timeout)
 
 
 class ClusterCoordinator:
@@ -94,7 +107,12 @@ class ClusterCoordinator:
     ps task has fewer than ``TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`` (default 3)
     failure reports, then fails with ``PSUnavailableError`` (TF's rule).
     With ``tls_ca`` (a CA path or PEM; else the strategy's, else ``JAXCLUSTER_TLS_CA``) the
-    workers are reached over TLS and verified against that CA.
+    workers are reached over TLS and verified against that CA. A worker that does not
+    answer is retried with backoff for ``recovery_timeout`` seconds (default
+    ``JAXCLUSTER_WORKER_RECOVERY_SEC``, else 3600), then given up. ``metrics_port`` serves
+    Prometheus metrics on ``metrics_host`` (loopback unless told otherwise; needs
+    ``pip install 'jaxcluster[metrics]'``). Events (workers lost, back, given up;
+    closures retried) are logged to the ``jaxcluster`` loggers.
 
     Example::
 
@@ -116,6 +134,9 @@ class ClusterCoordinator:
         error_policy: str = "cancel_all",
         closure_timeout: float | None = None,
         tls_ca: str | bytes | os.PathLike[str] | None = None,
+        recovery_timeout: float | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         if (cluster_resolver is None) == (strategy is None):
             raise TypeError(
@@ -123,6 +144,8 @@ class ClusterCoordinator:
                 "strategy=; got " + ("both" if strategy is not None else "neither")
             )
         _check_options(max_queue_size, error_policy, closure_timeout)
+        _check_seconds("recovery_timeout", recovery_timeout)
+        _check_metrics_port(metrics_port)
         source = cluster_resolver if strategy is None else strategy
         resolver, strategy_token = _resolver_and_token(source)
         token = auth_token or strategy_token or auth_token_from_env()
@@ -141,7 +164,9 @@ class ClusterCoordinator:
         from jaxcluster._native import core
 
         keep_freed_memory()  # large arrays: no page faults per message (see _malloc)
-        warn_if_token_in_clear(self._addresses, token, ca, _log, "workers")
+        warn_if_token_in_clear(self._addresses, token, ca, _log, "workers", stacklevel=2)
+        # A logging configuration made just before this applies to the Rust events at once.
+        core.refresh_log_levels()
         self._dispatcher = core.Dispatcher(
             self._addresses,
             auth_token=token,
@@ -149,12 +174,28 @@ class ClusterCoordinator:
             max_queue_size=max_queue_size,
             error_policy=error_policy,  # type: ignore[arg-type]  # checked above
             closure_timeout=None if closure_timeout is None else float(closure_timeout),
+            recovery_timeout=None if recovery_timeout is None else float(recovery_timeout),
         )
         self._worker_facts = WorkerFacts(self._dispatcher)
         self._functions = FunctionSerializer(self._worker_facts.platforms)
         self._registered: set[bytes] = set()
         self._lock = threading.Lock()
         self._closed = False
+        # RemoteValues reach back through this for what the dispatcher knows (never
+        # keeping the coordinator alive).
+        self._ref = weakref.ref(self)
+        self._metrics_server: Any = None
+        if metrics_port is not None:
+            from jaxcluster.metrics import serve_coordinator
+
+            try:
+                self._metrics_server = serve_coordinator(
+                    self._dispatcher, metrics_host, metrics_port
+                )
+            except BaseException:
+                self._dispatcher.shutdown()
+                raise
+        _log.debug("coordinator started for %d workers: %s", len(self._addresses), self._addresses)
 
     # --- scheduling ------------------------------------------------------------------
 
@@ -191,14 +232,19 @@ class ClusterCoordinator:
         self._worker_facts.check(function)
         self._register(function)
         cell = self._dispatcher.schedule(function.function_hash, pickled, buffers, resources)
-        return RemoteValue(cell, function.origin)
+        return RemoteValue(cell, self._ref, function.origin)
 
-    def join(self, timeout: float | None = None) -> bool:
+    def join(self, timeout: float | None = None, *, progress: bool = False) -> bool:
         """Waits until every scheduled closure has ended; ``False`` if ``timeout`` passed.
 
         Raises the first closure error (``cancel_all``) once nothing is running any more.
+        With ``progress=True`` a ``tqdm`` bar on stderr counts the closures that end.
         """
         self._check_open()
+        if progress:
+            from jaxcluster.progress import join_with_progress
+
+            return join_with_progress(self._dispatcher, timeout)
         return bool(self._dispatcher.join(timeout))
 
     def done(self) -> bool:
@@ -244,11 +290,14 @@ class ClusterCoordinator:
     # --- observation and lifetime -------------------------------------------------------
 
     def metrics(self) -> dict[str, Any]:
-        """Gauges ``queued``/``inflight``, counters ``completed``, ``failed``, ``retried``,
-        ``worker_failures``, ``ps_failures`` (closure runs that failed on an unreachable
-        parameter server, retried as transient or raised), ``functions_registered``,
-        per-worker ``workers`` and the ``latency`` histogram (schedule to result,
-        seconds)."""
+        """Gauges ``queued``/``inflight``, counters ``completed``, ``failed``,
+        ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
+        failed on an unreachable parameter server, retried as transient or raised),
+        ``functions_registered``, per-worker ``workers`` (``index``, ``address``,
+        ``state``, ``in_state_seconds``, ``last_error`` and this coordinator's
+        ``completed``/``failed``/``retried``/``failures`` on that worker) and the
+        ``latency`` histogram (schedule to result, seconds). All live: read when called,
+        no RPC."""
         return dict(self._dispatcher.metrics())
 
     @property
@@ -260,8 +309,25 @@ class ClusterCoordinator:
     @property
     def workers(self) -> list[dict[str, Any]]:
         """One dict per worker, by index: ``address``, ``state`` (``up``, ``recovering``
-        or ``given_up``) and what the worker last reported about itself."""
+        or ``given_up``), ``last_error``, this coordinator's counts on it, and what the
+        worker reports about itself (``closures_run``, ``closures_failed``,
+        ``uptime_seconds``, ``jaxcluster_version``, ``platform``, ``incarnation``, ...).
+
+        Live: every worker that is up is asked for a fresh report first, all at once, each
+        for at most one second (one small RPC per worker per read; nothing polls the
+        workers while nobody reads). A worker that does not answer in time keeps its last
+        report; ``metrics()`` is the no-RPC view.
+        """
+        if not self._closed:
+            self._dispatcher.refresh_statuses(0.0, _WORKERS_STATUS_TIMEOUT_SECONDS)
         return list(self._dispatcher.worker_statuses())
+
+    @property
+    def metrics_address(self) -> str | None:
+        """``HOST:PORT`` of the Prometheus endpoint (``/metrics``), or ``None`` without
+        ``metrics_port``."""
+        server = self._metrics_server
+        return None if server is None else server.address
 
     @property
     def cluster_resolver(self) -> Any:
@@ -269,9 +335,13 @@ class ClusterCoordinator:
         return self._cluster_resolver
 
     def shutdown(self) -> None:
-        """Stops dispatching; queued closures are cancelled. Idempotent."""
+        """Stops dispatching; queued closures are cancelled; the metrics endpoint, if
+        any, closes. Idempotent."""
         self._closed = True
         self._dispatcher.shutdown()
+        server, self._metrics_server = self._metrics_server, None
+        if server is not None:
+            server.close()
 
     def __enter__(self) -> ClusterCoordinator:
         return self
@@ -328,3 +398,27 @@ class ClusterCoordinator:
 
     def _resource_for(self, value: PerWorkerValues) -> Any:
         return value._resource_for(self)
+
+    def _waiting_hint(self) -> str:
+        """Why a closure may not have ended yet, from what the dispatcher knows."""
+        if self._closed:
+            return "the coordinator was shut down"
+        workers = self._dispatcher.worker_statuses()
+        up = [w for w in workers if w["state"] == "up"]
+        down = [w for w in workers if w["state"] != "up"]
+        troubles = "; ".join(
+            f"worker {w['address']} {w['state']}"
+            + (f": {w['last_error']}" if w.get("last_error") else "")
+            for w in down[:4]
+        ) + (f"; and {len(down) - 4} more" if len(down) > 4 else "")
+        if not up:
+            return (
+                f"no worker is serving ({troubles}); the coordinator keeps reconnecting "
+                "until recovery_timeout= (or JAXCLUSTER_WORKER_RECOVERY_SEC, default 3600 s) "
+                "passes, then fails what is queued with UnavailableError"
+            )
+        hint = (
+            f"it is still queued or running ({len(up)} of {len(workers)} workers serving) — "
+            "fetch again, or call join() first"
+        )
+        return hint + (f"; not serving: {troubles}" if down else "")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from jaxcluster import errors, wire
@@ -55,10 +56,15 @@ class RemoteValue:
         rv.status                    # RemoteValueStatus.READY
     """
 
-    __slots__ = ("__weakref__", "_cell", "_error", "_lock", "_origin", "_value")
+    __slots__ = ("__weakref__", "_cell", "_coordinator", "_error", "_lock", "_origin", "_value")
 
-    def __init__(self, cell: Any, origin: str = "") -> None:
+    def __init__(
+        self, cell: Any, coordinator: Callable[[], Any] | None = None, origin: str = ""
+    ) -> None:
         self._cell = cell
+        # A weak reference to the coordinator (called, it gives the coordinator or None),
+        # asked why a result is late.
+        self._coordinator = coordinator
         # Where an exported function was defined: its remote traceback cannot say.
         self._origin = origin
         self._lock = threading.Lock()
@@ -86,13 +92,22 @@ class RemoteValue:
             if not self._cell.wait(seconds):
                 raise errors.DeadlineExceededError(
                     f"the closure's result was not ready within timeout={timeout!r} seconds "
-                    f"(status {self.status.value}); it is still queued or running — fetch "
-                    "again, or call join() first"
+                    f"(status {self.status.value}); {self._waiting_hint()}"
                 )
             self._settle()
         if self._error is not None:
             raise self._error
         return self._value
+
+    def _wait(self, timeout: float | None) -> bool:
+        """Waits up to ``timeout`` seconds for the closure to end; whether it did."""
+        return bool(self._cell.wait(timeout))
+
+    def _waiting_hint(self) -> str:
+        coordinator = None if self._coordinator is None else self._coordinator()
+        if coordinator is None:
+            return "it is still queued or running — fetch again, or call join() first"
+        return str(coordinator._waiting_hint())
 
     def get(self) -> Any:
         """Same as :meth:`fetch` with no timeout (TF's ``RemoteValue.get``)."""

@@ -11,6 +11,7 @@ in memory only: a restarted ps starts empty, and training resumes from a checkpo
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import threading
@@ -21,6 +22,8 @@ from typing import Any
 from jaxcluster._task_process import (
     TaskSetupError,
     add_task_arguments,
+    configure_logging,
+    start_metrics,
     task_settings,
     tls_error,
     tls_files,
@@ -31,6 +34,7 @@ __all__ = ["add_arguments", "main", "run"]
 
 # After stdin closes (the parent died), how long the ps may take to stop.
 _ORPHAN_GRACE_SECONDS = 10.0
+_log = logging.getLogger("jaxcluster.ps")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,12 +48,18 @@ def _install_stop_triggers(stop: threading.Event, stop_on_stdin_eof: bool) -> No
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and stop.is_set():
             raise KeyboardInterrupt
+        # No logging here (not safe in a signal handler): the main loop logs the stop.
+        stop.reason = signal.Signals(signum).name  # type: ignore[attr-defined]
+        stop.set()
+
+    def on_eof() -> None:
+        stop.reason = "standard input closed (the parent process is gone)"  # type: ignore[attr-defined]
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if stop_on_stdin_eof:
-        watch_stdin(stop.set)
+        watch_stdin(on_eof)
 
 
 def _shutdown(server: Any) -> None:
@@ -65,10 +75,12 @@ def run(args: argparse.Namespace) -> int:
     """Runs a ps with parsed ``args`` until SIGTERM; returns the exit status."""
     from jaxcluster._malloc import keep_freed_memory
     from jaxcluster._native import core
+    from jaxcluster.metrics import MissingMetricsExtraError, serve_ps
 
     keep_freed_memory()
 
     try:
+        configure_logging(args)
         token, address, index = task_settings(args, job="ps", prog="jaxcluster ps")
         tls_cert, tls_key = tls_files(args)
         server = core.PsServer(
@@ -79,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
             tls_cert=tls_cert,
             tls_key=tls_key,
         )
-    except (TaskSetupError, ValueError, OSError) as exc:
+        metrics = start_metrics(args, serve_ps, server)
+    except (TaskSetupError, ValueError, OSError, MissingMetricsExtraError) as exc:
         print(f"jaxcluster ps: error: {tls_error(exc, args)}", file=sys.stderr, flush=True)
         return 2
 
@@ -90,6 +103,19 @@ def run(args: argparse.Namespace) -> int:
     # signal handlers run promptly.
     while not stop.wait(1.0):
         pass
+    status = server.status()
+    _log.info(
+        "ps %d stopping (%s): %d variables (%d bytes) held, %d updates and %d reads served; "
+        "variables live in memory only and are gone once it stops",
+        index,
+        getattr(stop, "reason", "stopped"),
+        status["variables"],
+        status["variable_bytes"],
+        status["updates"],
+        status["reads"],
+    )
+    if metrics is not None:
+        metrics.close()
     _shutdown(server)
     return 0
 

@@ -8,6 +8,7 @@ finish, and exits with status 0.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from collections.abc import Sequence
@@ -17,12 +18,16 @@ from typing import Any
 from jaxcluster._task_process import (
     TaskSetupError,
     add_task_arguments,
+    configure_logging,
+    start_metrics,
     task_settings,
     tls_error,
     tls_files,
 )
 
 __all__ = ["WorkerSetupError", "add_arguments", "main", "run"]
+
+_log = logging.getLogger("jaxcluster.worker")
 
 
 #: Kept under the worker's name for callers that catch it.
@@ -48,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     """Runs a worker with parsed ``args`` until it is shut down; returns the exit status."""
     from jaxcluster._malloc import keep_freed_memory
     from jaxcluster._native import core
+    from jaxcluster.metrics import MissingMetricsExtraError, serve_worker
     from jaxcluster.worker import context
     from jaxcluster.worker.devices import jax_runtime_info
     from jaxcluster.worker.executor import Executor
@@ -55,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     keep_freed_memory()
     try:
+        configure_logging(args)
         token, address, index = task_settings(args, job="worker", prog="jaxcluster worker")
         # Closures reach parameter servers with the token this worker was started with.
         context.set_worker_auth_token(token)
@@ -69,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
             max_message_bytes=args.max_message_bytes,
             **info,
         )
-    except (TaskSetupError, ValueError, OSError) as exc:
+        metrics = start_metrics(args, serve_worker, server)
+    except (TaskSetupError, ValueError, OSError, MissingMetricsExtraError) as exc:
         print(f"jaxcluster worker: error: {tls_error(exc, args)}", file=sys.stderr, flush=True)
         return 2
 
@@ -80,8 +88,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         print(f"jaxcluster worker listening on {server.address}", flush=True)
         Executor(server, index).serve()
-        server.shutdown(timeout=30.0)
+        drained = server.shutdown(timeout=30.0)
+        status = server.status()
+        _log.info(
+            "worker %d stopped%s after %d closures (%d failed)",
+            index,
+            "" if drained else " without draining in 30 s",
+            status["closures_run"],
+            status["closures_failed"],
+        )
     finally:
+        if metrics is not None:
+            metrics.close()
         # Joined before the interpreter finalizes: no thread of ours is left inside I/O.
         if watch is not None:
             watch.stop()

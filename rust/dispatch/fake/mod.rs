@@ -3,7 +3,8 @@
 //!
 //! A fake worker speaks the protocol's messages and errors like a real one: it holds
 //! registered functions by hash (`NOT_FOUND` otherwise), keeps resources, reports
-//! `GetStatus` with its process incarnation as `pid`, and answers `UNAVAILABLE` while
+//! `GetStatus` with its process incarnation as `incarnation` and pid 1 (as in a container,
+//! so only the incarnation tells a restart), and answers `UNAVAILABLE` while
 //! down. Tests kill and restart workers, open gates, or let seeded chaos crash workers at
 //! random points; every execution is logged, so at-least-once delivery can be checked.
 //!
@@ -83,6 +84,9 @@ pub(crate) struct ClusterInner {
     executions: Mutex<Executions>,
     chaos: Option<Chaos>,
     rng: Mutex<SplitMix>,
+    /// Workers too old to report an incarnation: `GetStatus` has only a pid, which changes
+    /// on restart.
+    pub(crate) pid_only: bool,
 }
 
 impl ClusterInner {
@@ -132,6 +136,16 @@ impl FakeCluster {
         Self::build(workers, None)
     }
 
+    /// `workers` healthy workers of an older protocol: their `GetStatus` reports no
+    /// incarnation, only a pid (different after each restart).
+    pub fn pid_only(workers: usize) -> Self {
+        let mut cluster = Self::build(workers, None);
+        if let Some(inner) = Arc::get_mut(&mut cluster.inner) {
+            inner.pid_only = true;
+        }
+        cluster
+    }
+
     /// `workers` workers that crash at random as `chaos` says.
     pub fn with_chaos(workers: usize, chaos: Chaos) -> Self {
         Self::build(workers, Some(chaos))
@@ -146,6 +160,7 @@ impl FakeCluster {
                 executions: Mutex::new(Executions::default()),
                 chaos,
                 rng: Mutex::new(SplitMix(seed)),
+                pid_only: false,
             }),
         }
     }
@@ -163,7 +178,7 @@ impl FakeCluster {
         self.inner.workers[index].kill();
     }
 
-    /// Brings worker `index` back as a new process (new `pid`), holding nothing.
+    /// Brings worker `index` back as a new process (new incarnation), holding nothing.
     pub fn restart(&self, index: usize) {
         self.inner.workers[index].restart();
     }

@@ -140,7 +140,18 @@ impl WorkerTransport for FakeTransport {
                 worker_index: self.index as i64,
                 jaxcluster_version: env!("CARGO_PKG_VERSION").to_owned(),
                 platform: "fake".to_owned(),
-                pid: incarnation,
+                // As in a container, every incarnation is pid 1: only `incarnation` tells
+                // a restart (unless the cluster plays workers too old to report one).
+                pid: if self.cluster.pid_only {
+                    incarnation
+                } else {
+                    1
+                },
+                incarnation: if self.cluster.pid_only {
+                    0
+                } else {
+                    incarnation
+                },
                 inflight: self.worker().running(),
                 ..pb::GetStatusResponse::default()
             })

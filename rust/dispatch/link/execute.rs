@@ -18,7 +18,7 @@ use crate::rpc::{pb, RpcError};
 /// Bound on sending a function payload (up to the message limit) to a worker.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(60);
 /// How often a worker-reported infrastructure error is retried before the closure fails.
-const MAX_INFRA_RETRIES: u32 = 3;
+pub(super) const MAX_INFRA_RETRIES: u32 = 3;
 
 /// What one execution attempt came to.
 pub(super) enum Verdict {
@@ -26,8 +26,8 @@ pub(super) enum Verdict {
     Done(Result<EncodedValue, ClosureFailure>),
     /// The worker is gone: put the closure back and recover the worker.
     WorkerFailed(String),
-    /// The worker reported an infrastructure error: put the closure back.
-    Retry,
+    /// The worker reported an infrastructure error (its message): put the closure back.
+    Retry(String),
     /// The dispatcher is stopping.
     Stopped,
 }
@@ -74,7 +74,7 @@ impl<T: WorkerTransport> Link<T> {
     pub(super) fn read_error(&mut self, error: pb::ClosureError, closure: &Closure) -> Verdict {
         let kind = pb::ErrorKind::try_from(error.kind).unwrap_or(pb::ErrorKind::Unspecified);
         if kind == pb::ErrorKind::Infrastructure && closure.infra_retries < MAX_INFRA_RETRIES {
-            return Verdict::Retry;
+            return Verdict::Retry(error.message);
         }
         // A resource the worker does not have, although we built it there, means the
         // worker restarted unnoticed: rebuild rather than fail the closure.

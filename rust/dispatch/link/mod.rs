@@ -37,8 +37,10 @@ use super::functions::SentFunctions;
 use super::metrics::Counters;
 use super::resources::{ResourceInner, ResourceState};
 use super::result_cell::{EncodedValue, Outcome};
+use super::status::Incarnation;
 use super::transport::WorkerTransport;
 use super::{LinkState, Shared};
+use crate::log_target::DISPATCH;
 use crate::queue::Tag;
 use execute::Verdict;
 use pipeline::Pipeline;
@@ -62,14 +64,17 @@ enum Interruption {
 /// folder: the parts of its `impl` share them, nothing else does.
 pub(crate) struct Link<T> {
     index: usize,
-    transport: T,
+    /// Shared with the dispatcher, which probes `GetStatus` through it for a live view.
+    transport: Arc<T>,
     shared: Arc<Shared>,
     runtime: Handle,
     stop: watch::Receiver<bool>,
     /// Functions this worker holds since it last (re)connected.
     sent: SentFunctions,
-    /// The worker process last seen (`GetStatus.pid`), to notice a restart.
-    incarnation: Option<u64>,
+    /// The worker process last seen, to notice a restart.
+    incarnation: Option<Incarnation>,
+    /// Whether the worker ever answered (its first failure to answer is a warning).
+    connected_once: bool,
     /// When the current recovery began (the dispatcher's creation for the first one).
     recovering_since: Instant,
     /// The stream to the worker and the closures outstanding on it.
@@ -81,7 +86,7 @@ pub(crate) struct Link<T> {
 impl<T: WorkerTransport> Link<T> {
     /// Link `index`, talking to its worker through `transport`. Its status starts
     /// `recovering` until the worker first answers.
-    pub fn new(index: usize, transport: T, shared: Arc<Shared>, runtime: Handle) -> Self {
+    pub fn new(index: usize, transport: Arc<T>, shared: Arc<Shared>, runtime: Handle) -> Self {
         let stop = shared.stop.subscribe();
         Self {
             index,
@@ -91,6 +96,7 @@ impl<T: WorkerTransport> Link<T> {
             stop,
             sent: SentFunctions::default(),
             incarnation: None,
+            connected_once: false,
             recovering_since: Instant::now(),
             pipeline: Pipeline::default(),
             held: None,
@@ -197,16 +203,62 @@ impl<T: WorkerTransport> Link<T> {
     fn settle(&mut self, mut closure: Closure, verdict: Verdict) {
         match verdict {
             // TF's transient-ps-failure rule: see ps_failures.rs.
-            Verdict::Done(Err(failure)) if self.shared.ps_failures.record_and_ignore(&failure) => {
-                self.put_back(closure);
-            }
+            Verdict::Done(Err(failure)) => match self.shared.ps_failures.record(&failure) {
+                Some(report) if report.transient => {
+                    tracing::warn!(
+                        target: DISPATCH,
+                        worker = self.address(),
+                        closure_id = closure.id(),
+                        ps_task = report.task,
+                        error = failure.message.as_str(),
+                        "closure {} could not reach parameter server task {} (report {} of \
+                         {} tolerated as transient, TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES); \
+                         running it again: {}",
+                        closure.id(),
+                        report.task,
+                        report.count,
+                        report.threshold.saturating_sub(1),
+                        failure.message,
+                    );
+                    self.put_back(closure);
+                }
+                Some(report) => {
+                    tracing::warn!(
+                        target: DISPATCH,
+                        worker = self.address(),
+                        closure_id = closure.id(),
+                        ps_task = report.task,
+                        error = failure.message.as_str(),
+                        "closure {} fails with PSUnavailableError: parameter server task {} \
+                         was reported unreachable {} time(s), no longer transient \
+                         (TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES={}): {}",
+                        closure.id(),
+                        report.task,
+                        report.count,
+                        report.threshold,
+                        failure.message,
+                    );
+                    self.finish(closure, Err(failure));
+                }
+                None => self.finish(closure, Err(failure)),
+            },
             Verdict::Done(result) => self.finish(closure, result),
-            Verdict::WorkerFailed(reason) => {
-                self.put_back(closure);
-                self.worker_failed(&reason);
-            }
-            Verdict::Retry => {
+            Verdict::WorkerFailed(reason) => self.worker_failed_with(&reason, Some(closure)),
+            Verdict::Retry(error) => {
                 closure.infra_retries += 1;
+                tracing::warn!(
+                    target: DISPATCH,
+                    worker = self.address(),
+                    closure_id = closure.id(),
+                    error = error.as_str(),
+                    "worker {} reported an infrastructure error for closure {} (retry {} of \
+                     {}): {}",
+                    self.address(),
+                    closure.id(),
+                    closure.infra_retries,
+                    execute::MAX_INFRA_RETRIES,
+                    error,
+                );
                 self.put_back(closure);
             }
             // The queue is stopped, so this cancels it.
@@ -219,8 +271,22 @@ impl<T: WorkerTransport> Link<T> {
     fn timed_out(&mut self, mut closure: Closure) {
         let address = self.address().to_owned();
         closure.timed_out_on.push(address.clone());
+        let limit = self.shared.config.closure_timeout.unwrap_or_default();
+        tracing::warn!(
+            target: DISPATCH,
+            worker = address.as_str(),
+            closure_id = closure.id(),
+            "closure {} did not finish within closure_timeout={:.3} s on worker {}; {}",
+            closure.id(),
+            limit.as_secs_f64(),
+            address,
+            if closure.timed_out_on.len() >= 2 {
+                "it fails (it timed out twice)"
+            } else {
+                "running it again on another worker"
+            },
+        );
         if closure.timed_out_on.len() >= 2 {
-            let limit = self.shared.config.closure_timeout.unwrap_or_default();
             let message = format!(
                 "closure {} did not finish within closure_timeout={:.3} s on worker {} (after \
                  also timing out on worker {}); it was not retried again",
@@ -283,11 +349,13 @@ impl<T: WorkerTransport> Link<T> {
         let verdict = match result {
             Ok(value) => {
                 Counters::bump(&shared.counters.completed);
+                Counters::bump(&shared.links[self.index].counters.completed);
                 closure.settle(Outcome::Value(value));
                 shared.queue.mark_finished()
             }
             Err(failure) => {
                 Counters::bump(&shared.counters.failed);
+                Counters::bump(&shared.links[self.index].counters.failed);
                 let failure = Arc::new(failure);
                 closure.settle(Outcome::Failed(Arc::clone(&failure)));
                 match shared.config.error_policy {
@@ -309,6 +377,15 @@ impl<T: WorkerTransport> Link<T> {
     /// Re-queues a closure that started (or may have) and must run again.
     fn put_back(&self, closure: Closure) {
         Counters::bump(&self.shared.counters.retried);
+        Counters::bump(&self.shared.links[self.index].counters.retried);
+        tracing::debug!(
+            target: DISPATCH,
+            worker = self.address(),
+            closure_id = closure.id(),
+            "closure {} goes back to the queue to run again (it was on worker {})",
+            closure.id(),
+            self.address(),
+        );
         let verdict = self.shared.queue.put_back(Work::Closure(closure));
         debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
     }

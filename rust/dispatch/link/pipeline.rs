@@ -436,16 +436,20 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Puts every closure outstanding or held back in the queue and drops the stream (the
-    /// worker is gone).
-    pub(super) fn forget_pipeline(&mut self) {
+    /// worker is gone). Returns how many closures went back.
+    pub(super) fn forget_pipeline(&mut self) -> usize {
+        let mut put_back = 0;
         for sent in std::mem::take(&mut self.pipeline.outstanding) {
             self.put_back(sent.closure);
+            put_back += 1;
         }
         self.publish(0);
         if let Some(Work::Closure(closure)) = self.held.take() {
             self.requeue(closure);
+            put_back += 1;
         }
         self.pipeline = Pipeline::default();
+        put_back
     }
 
     /// The dispatcher is stopping: everything outstanding or held is put back (so

@@ -6,13 +6,15 @@
 use std::time::{Duration, Instant};
 
 use super::{Interruption, Link};
-use crate::dispatch::closure::Work;
+use crate::dispatch::closure::{Closure, Work};
 use crate::dispatch::config::BackoffConfig;
 use crate::dispatch::failure::ClosureFailure;
 use crate::dispatch::metrics::Counters;
 use crate::dispatch::resources::ResourceState;
+use crate::dispatch::status::Incarnation;
 use crate::dispatch::transport::WorkerTransport;
 use crate::dispatch::LinkState;
+use crate::log_target::DISPATCH;
 use crate::rpc::{pb, RpcError};
 
 /// Exponential reconnection delays: `initial`, doubling, capped at `max`.
@@ -49,13 +51,36 @@ impl<T: WorkerTransport> Link<T> {
     /// Marks the worker failed: whatever was outstanding on it goes back to the queue, its
     /// resources are aborted and the link starts recovering.
     pub(super) fn worker_failed(&mut self, reason: &str) {
-        self.forget_pipeline();
+        self.worker_failed_with(reason, None);
+    }
+
+    /// [`worker_failed`](Self::worker_failed), putting `closure` (the one whose execution
+    /// found the failure) back first.
+    pub(super) fn worker_failed_with(&mut self, reason: &str, closure: Option<Closure>) {
+        let mut put_back = usize::from(closure.is_some());
+        if let Some(closure) = closure {
+            self.put_back(closure);
+        }
+        put_back += self.forget_pipeline();
         Counters::bump(&self.shared.counters.worker_failures);
+        Counters::bump(&self.shared.links[self.index].counters.failures);
         self.recovering_since = Instant::now();
         self.shared.links[self.index].set(LinkState::Recovering, Some(reason.to_owned()));
         for resource in self.shared.resources.live() {
             resource.worker_failed(self.index, self.address(), reason);
         }
+        tracing::warn!(
+            target: DISPATCH,
+            worker = self.address(),
+            worker_index = self.index,
+            error = reason,
+            "lost worker {} (worker {}): {}; {} closure(s) it had go back to the queue to \
+             run on another worker; reconnecting with backoff",
+            self.address(),
+            self.index,
+            reason,
+            put_back,
+        );
     }
 
     /// Probes with backoff until the worker answers (then rebuilds its resources and
@@ -63,6 +88,8 @@ impl<T: WorkerTransport> Link<T> {
     pub(super) fn recover(&mut self) -> Recovery {
         let mut backoff = Backoff::new(self.shared.config.backoff);
         let bound = self.shared.config.recovery_timeout;
+        let mut failed_probes = 0u32;
+        let mut reported: Option<String> = None;
         loop {
             let elapsed = self.recovering_since.elapsed();
             if elapsed >= bound {
@@ -74,30 +101,36 @@ impl<T: WorkerTransport> Link<T> {
             let Some(answer) = self.call(self.transport.get_status(Some(probe_timeout))) else {
                 return Recovery::Stopped;
             };
+            let mut restarted = false;
             let rebuilt = match answer {
                 Ok(status) if status.state == pb::ServingState::Draining as i32 => Err(
                     Interruption::WorkerFailed("the worker is shutting down".to_owned()),
                 ),
                 Ok(status) => {
-                    self.observe(status);
+                    restarted = self.observe(status);
                     self.reconnected()
                 }
                 Err(error) if reachable(&error) => self.reconnected(),
                 Err(error) => Err(Interruption::WorkerFailed(error.message().to_owned())),
             };
-            match rebuilt {
-                Ok(()) => {
+            let pause = match rebuilt {
+                Ok(rebuilt) => {
                     self.shared.links[self.index].set(LinkState::Up, None);
+                    self.report_up(failed_probes, restarted, rebuilt);
+                    self.connected_once = true;
                     return Recovery::Up;
                 }
                 Err(Interruption::Stopped) => return Recovery::Stopped,
                 Err(Interruption::WorkerFailed(reason)) => {
+                    failed_probes += 1;
+                    let pause = backoff
+                        .next_delay()
+                        .min(bound.saturating_sub(self.recovering_since.elapsed()));
+                    self.report_probe_failure(&reason, failed_probes, pause, &mut reported);
                     self.shared.links[self.index].note_error(reason);
+                    pause
                 }
-            }
-            let pause = backoff
-                .next_delay()
-                .min(bound.saturating_sub(self.recovering_since.elapsed()));
+            };
             if !self.sleep(pause) {
                 return Recovery::Stopped;
             }
@@ -105,13 +138,106 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// The worker answers: forget what it held and rebuild every live resource before it
-    /// serves closures.
-    fn reconnected(&mut self) -> Result<(), Interruption> {
+    /// serves closures. Returns how many resources were rebuilt.
+    fn reconnected(&mut self) -> Result<usize, Interruption> {
         self.sent.clear();
-        for resource in self.shared.resources.live() {
-            self.create_resource(&resource)?;
+        let resources = self.shared.resources.live();
+        for resource in &resources {
+            self.create_resource(resource)?;
         }
-        Ok(())
+        Ok(resources.len())
+    }
+
+    /// Logs a failed probe: the first failure to reach a worker that never answered is a
+    /// warning (a wrong address, a firewall, a worker not started: the user must know at
+    /// once), a worker lost earlier was already warned about, so its failed reconnections
+    /// are INFO when the error changes and DEBUG otherwise.
+    fn report_probe_failure(
+        &self,
+        reason: &str,
+        attempt: u32,
+        pause: Duration,
+        reported: &mut Option<String>,
+    ) {
+        let address = self.address();
+        let elapsed = self.recovering_since.elapsed().as_secs_f64();
+        let changed = reported.as_deref() != Some(reason);
+        if attempt == 1 && !self.connected_once {
+            tracing::warn!(
+                target: DISPATCH,
+                worker = address,
+                worker_index = self.index,
+                error = reason,
+                "cannot reach worker {address} (worker {}): {reason}; retrying with backoff \
+                 for up to {:.0} s (recovery_timeout= or JAXCLUSTER_WORKER_RECOVERY_SEC)",
+                self.index,
+                self.shared.config.recovery_timeout.as_secs_f64(),
+            );
+        } else if changed {
+            tracing::info!(
+                target: DISPATCH,
+                worker = address,
+                worker_index = self.index,
+                error = reason,
+                "reconnecting to worker {address} (worker {}), unreachable for {elapsed:.1} s: \
+                 {reason}; next attempt in {:.1} s",
+                self.index,
+                pause.as_secs_f64(),
+            );
+        } else {
+            tracing::debug!(
+                target: DISPATCH,
+                worker = address,
+                worker_index = self.index,
+                error = reason,
+                "worker {address} (worker {}) still unreachable after {attempt} attempts \
+                 ({elapsed:.1} s): {reason}; next attempt in {:.1} s",
+                self.index,
+                pause.as_secs_f64(),
+            );
+        }
+        if changed {
+            *reported = Some(reason.to_owned());
+        }
+    }
+
+    /// Logs a worker answering: INFO when it had failed or kept us waiting, DEBUG for a
+    /// first connection that simply worked.
+    fn report_up(&self, failed_probes: u32, restarted: bool, rebuilt: usize) {
+        let address = self.address();
+        let elapsed = self.recovering_since.elapsed().as_secs_f64();
+        if !self.connected_once && failed_probes == 0 {
+            tracing::debug!(
+                target: DISPATCH,
+                worker = address,
+                worker_index = self.index,
+                "connected to worker {address} (worker {})",
+                self.index,
+            );
+        } else if !self.connected_once {
+            tracing::info!(
+                target: DISPATCH,
+                worker = address,
+                worker_index = self.index,
+                "worker {address} (worker {}) answered after {elapsed:.1} s and {failed_probes} \
+                 failed attempt(s); it takes closures now",
+                self.index,
+            );
+        } else {
+            tracing::info!(
+                target: DISPATCH,
+                worker = address,
+                worker_index = self.index,
+                "worker {address} (worker {}) is back after {elapsed:.1} s ({}); rebuilt \
+                 {rebuilt} per-worker resource(s); it takes closures again",
+                self.index,
+                if restarted {
+                    "a new worker process"
+                } else {
+                    "the same worker process"
+                },
+            );
+        }
     }
 
     fn give_up(&mut self, bound: Duration) {
@@ -125,14 +251,28 @@ impl<T: WorkerTransport> Link<T> {
             });
         let reason = format!(
             "gave up on worker {} after it did not answer for {bound:?} \
-             (JAXCLUSTER_WORKER_RECOVERY_SEC / recovery_timeout){last}",
+             (recovery_timeout= or JAXCLUSTER_WORKER_RECOVERY_SEC){last}",
             self.address(),
+        );
+        tracing::error!(
+            target: DISPATCH,
+            worker = self.address(),
+            worker_index = self.index,
+            "{reason}; closures run on the other workers from now on",
         );
         for resource in self.shared.resources.live() {
             resource.worker_failed(self.index, self.address(), &reason);
         }
         self.shared.links[self.index].set(LinkState::GivenUp, Some(reason));
         self.shared.given_up.send_modify(|count| *count += 1);
+        let links = self.shared.links.len();
+        if *self.shared.given_up.borrow() >= links {
+            tracing::error!(
+                target: DISPATCH,
+                "every worker ({links}) was given up: queued and future closures fail with \
+                 UnavailableError",
+            );
+        }
     }
 
     /// A given-up link waits until every link has given up; from then on it fails whatever
@@ -153,8 +293,8 @@ impl<T: WorkerTransport> Link<T> {
                         .last_error()
                         .unwrap_or_else(|| {
                             format!(
-                                "no answer for {:?} (JAXCLUSTER_WORKER_RECOVERY_SEC / \
-                             recovery_timeout)",
+                                "no answer for {:?} (recovery_timeout= or \
+                                 JAXCLUSTER_WORKER_RECOVERY_SEC)",
                                 self.shared.config.recovery_timeout
                             )
                         });
@@ -179,8 +319,9 @@ impl<T: WorkerTransport> Link<T> {
     /// Records a `GetStatus` answer; returns whether it comes from a different worker
     /// process than the previous one (the worker restarted and lost its state).
     pub(super) fn observe(&mut self, status: pb::GetStatusResponse) -> bool {
-        let restarted = self.incarnation.is_some_and(|pid| pid != status.pid);
-        self.incarnation = Some(status.pid);
+        let now = Incarnation::of(&status);
+        let restarted = self.incarnation.is_some_and(|before| before != now);
+        self.incarnation = Some(now);
         self.shared.links[self.index].record_status(status);
         restarted
     }

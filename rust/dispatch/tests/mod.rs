@@ -2,6 +2,7 @@
 //! stress test with crashing workers, and end-to-end runs against real tonic workers.
 //! Every wait has a deadline; nothing sleeps to let things settle.
 
+mod observe;
 mod outcomes;
 mod pipelining;
 mod ps_failures;

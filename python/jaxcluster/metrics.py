@@ -1,0 +1,349 @@
+"""Prometheus metrics for a coordinator, a worker or a ps task, in the text exposition format.
+
+An optional part: it needs ``prometheus_client`` (``pip install 'jaxcluster[metrics]'``).
+Each endpoint serves one collector that reads the live numbers when scraped (nothing is
+counted twice, and nothing costs anything between scrapes) from its own registry, so the
+application's own ``prometheus_client`` metrics stay separate. Endpoints bind loopback
+unless given another host.
+
+Example::
+
+    coordinator = ClusterCoordinator(resolver, metrics_port=9090)
+    # curl -s http://127.0.0.1:9090/metrics | grep jaxcluster_closures_total
+    # jaxcluster_closures_total{outcome="completed"} 200.0
+
+    $ jaxcluster worker --metrics-port 9100     # and: jaxcluster ps --metrics-port 9101
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+__all__ = [
+    "PIP_LINE",
+    "MetricsServer",
+    "MissingMetricsExtraError",
+    "serve_coordinator",
+    "serve_ps",
+    "serve_worker",
+]
+
+#: What installs the optional dependency.
+PIP_LINE = "pip install 'jaxcluster[metrics]'"
+
+_STATES = ("up", "recovering", "given_up")
+
+
+class MissingMetricsExtraError(ImportError):
+    """``prometheus_client`` is not installed; the message gives the pip line."""
+
+
+def _prometheus() -> Any:
+    try:
+        import prometheus_client
+        import prometheus_client.core
+    except ImportError as exc:
+        raise MissingMetricsExtraError(
+            f"a metrics endpoint (metrics_port= / --metrics-port) needs the "
+            f"prometheus_client package, which is not installed: {PIP_LINE}"
+        ) from exc
+    return prometheus_client
+
+
+def _histogram(core: Any, name: str, doc: str, latency: Mapping[str, Any]) -> Any:
+    """A histogram family from a jaxcluster latency dict (bounded buckets, then +Inf)."""
+    buckets = []
+    cumulative = 0
+    for bound, count in zip(latency["bounds"], latency["counts"], strict=False):
+        cumulative += int(count)
+        buckets.append((repr(float(bound)), cumulative))
+    buckets.append(("+Inf", int(latency["count"])))
+    return core.HistogramMetricFamily(name, doc, buckets=buckets, sum_value=latency["sum"])
+
+
+def _counter(core: Any, name: str, doc: str, value: float, **labels: str) -> Any:
+    family = core.CounterMetricFamily(name, doc, labels=list(labels))
+    family.add_metric(list(labels.values()), value)
+    return family
+
+
+def _gauge(core: Any, name: str, doc: str, value: float) -> Any:
+    return core.GaugeMetricFamily(name, doc, value=value)
+
+
+def _refused(core: Any, status: Mapping[str, Any]) -> Any:
+    family = core.CounterMetricFamily(
+        "jaxcluster_refused_requests",
+        "Requests refused: reason=unauthenticated (no or wrong token), rejected "
+        "(malformed, unknown or oversized).",
+        labels=["reason"],
+    )
+    family.add_metric(["unauthenticated"], status["unauthenticated_requests"])
+    family.add_metric(["rejected"], status["rejected_requests"])
+    return family
+
+
+def _task_info(core: Any, job: str, status: Mapping[str, Any], **extra: str) -> Iterator[Any]:
+    info = core.GaugeMetricFamily(
+        "jaxcluster_task_info",
+        "Always 1; labels say which task this is and what it runs.",
+        labels=["job", "version", *extra],
+    )
+    info.add_metric([job, str(status["jaxcluster_version"]), *extra.values()], 1)
+    yield info
+    yield _gauge(
+        core,
+        "jaxcluster_task_uptime_seconds",
+        "Seconds since the task's server started.",
+        status["uptime_seconds"],
+    )
+
+
+class _CoordinatorCollector:
+    """What ``Dispatcher.metrics()`` says, when scraped."""
+
+    def __init__(self, metrics: Callable[[], Mapping[str, Any]]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        core = _prometheus().core
+        m = self._metrics()
+        closures = core.CounterMetricFamily(
+            "jaxcluster_closures",
+            "Closures that ended, by outcome (completed: a value; failed: an error; "
+            "cancelled: by a raised error under cancel_all, or by shutdown).",
+            labels=["outcome"],
+        )
+        for outcome in ("completed", "failed", "cancelled"):
+            closures.add_metric([outcome], m[outcome])
+        yield closures
+        yield _gauge(core, "jaxcluster_closures_queued", "Closures queued.", m["queued"])
+        yield _gauge(
+            core,
+            "jaxcluster_closures_inflight",
+            "Closures taken by a worker and not ended.",
+            m["inflight"],
+        )
+        yield _counter(
+            core,
+            "jaxcluster_closure_retries",
+            "Executions put back to run again (worker failures, timeouts, infrastructure "
+            "errors, transient parameter-server failures).",
+            m["retried"],
+        )
+        yield _counter(
+            core,
+            "jaxcluster_ps_failures",
+            "Closure runs that failed on an unreachable or restarted parameter server.",
+            m["ps_failures"],
+        )
+        yield _counter(
+            core,
+            "jaxcluster_functions_registered",
+            "Function payloads sent to workers.",
+            m["functions_registered"],
+        )
+        yield _histogram(
+            core,
+            "jaxcluster_closure_latency_seconds",
+            "Seconds from schedule() to the closure's result.",
+            m["latency"],
+        )
+        yield from self._workers(core, m["workers"])
+
+    @staticmethod
+    def _workers(core: Any, workers: list[Mapping[str, Any]]) -> Iterator[Any]:
+        labels = ["worker", "index"]
+        count = core.GaugeMetricFamily(
+            "jaxcluster_workers", "Workers in each state.", labels=["state"]
+        )
+        for state in _STATES:
+            count.add_metric([state], sum(w["state"] == state for w in workers))
+        yield count
+        up = core.GaugeMetricFamily(
+            "jaxcluster_worker_up", "1 while the worker serves.", labels=labels
+        )
+        state = core.GaugeMetricFamily(
+            "jaxcluster_worker_state",
+            "1 for the worker's current state (up, recovering, given_up), 0 for the others.",
+            labels=[*labels, "state"],
+        )
+        closures = core.CounterMetricFamily(
+            "jaxcluster_worker_closures",
+            "Closures that ended on the worker, by outcome.",
+            labels=[*labels, "outcome"],
+        )
+        retries = core.CounterMetricFamily(
+            "jaxcluster_worker_retries",
+            "Executions on the worker put back to run again.",
+            labels=labels,
+        )
+        failures = core.CounterMetricFamily(
+            "jaxcluster_worker_failures",
+            "Times the worker was found failed (lost, restarted, shutting down).",
+            labels=labels,
+        )
+        for w in workers:
+            key = [str(w["address"]), str(w["index"])]
+            up.add_metric(key, 1 if w["state"] == "up" else 0)
+            for name in _STATES:
+                state.add_metric([*key, name], 1 if w["state"] == name else 0)
+            closures.add_metric([*key, "completed"], w["completed"])
+            closures.add_metric([*key, "failed"], w["failed"])
+            retries.add_metric(key, w["retried"])
+            failures.add_metric(key, w["failures"])
+        yield from (up, state, closures, retries, failures)
+
+
+class _WorkerCollector:
+    """A worker server's own counters (its ``GetStatus``) and execution times."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Any]:
+        core = _prometheus().core
+        s = self._server.status()
+        closures = core.CounterMetricFamily(
+            "jaxcluster_executor_closures",
+            "Closures this worker ran, by outcome (failed: raised or refused).",
+            labels=["outcome"],
+        )
+        closures.add_metric(["completed"], s["closures_run"] - s["closures_failed"])
+        closures.add_metric(["failed"], s["closures_failed"])
+        yield closures
+        yield _gauge(core, "jaxcluster_executor_queued", "Requests waiting.", s["queued"])
+        yield _gauge(core, "jaxcluster_executor_inflight", "Requests running.", s["inflight"])
+        yield _gauge(
+            core,
+            "jaxcluster_executor_functions",
+            "Function payloads held.",
+            s["functions_registered"],
+        )
+        yield _counter(
+            core,
+            "jaxcluster_executor_resources_created",
+            "Per-worker resources built.",
+            s["resources_created"],
+        )
+        yield _counter(
+            core,
+            "jaxcluster_executor_resources_released",
+            "Per-worker resources released.",
+            s["resources_released"],
+        )
+        yield _gauge(
+            core,
+            "jaxcluster_executor_draining",
+            "1 once the worker is shutting down.",
+            1 if s["state"] == "draining" else 0,
+        )
+        yield _histogram(
+            core,
+            "jaxcluster_executor_execution_seconds",
+            "Seconds a closure ran (taken by the executor to answered).",
+            self._server.execution_seconds(),
+        )
+        yield _refused(core, s)
+        yield from _task_info(
+            core,
+            "worker",
+            s,
+            index=str(s["worker_index"]),
+            jax_version=str(s["jax_version"]),
+            platform=str(s["platform"]),
+        )
+
+
+class _PsCollector:
+    """A ps server's counters (its ``GetStatus``)."""
+
+    def __init__(self, server: Any) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[Any]:
+        core = _prometheus().core
+        s = self._server.status()
+        yield _gauge(core, "jaxcluster_ps_variables", "Variables held.", s["variables"])
+        yield _gauge(
+            core,
+            "jaxcluster_ps_variable_bytes",
+            "Bytes of variable data held.",
+            s["variable_bytes"],
+        )
+        yield _counter(core, "jaxcluster_ps_reads", "Variable reads.", s["reads"])
+        yield _counter(core, "jaxcluster_ps_updates", "Updates applied.", s["updates"])
+        yield _counter(
+            core,
+            "jaxcluster_ps_read_bytes",
+            "Tensor bytes sent in answers (reads, read_value of updates).",
+            s["bytes_read"],
+        )
+        yield _counter(
+            core,
+            "jaxcluster_ps_written_bytes",
+            "Tensor bytes received in updates and new variables.",
+            s["bytes_written"],
+        )
+        yield _counter(
+            core, "jaxcluster_ps_variables_created", "Variables created.", s["variables_created"]
+        )
+        yield _refused(core, s)
+        yield from _task_info(core, "ps", s, index=str(s["ps_index"]))
+
+
+class MetricsServer:
+    """An HTTP endpoint serving one collector's metrics at ``/metrics`` (any path works).
+
+    ``address`` is the ``HOST:PORT`` actually bound (port 0 picks a free one); ``close()``
+    stops it and frees the port.
+    """
+
+    def __init__(self, collector: Any, host: str, port: int, *, process: bool = False) -> None:
+        prometheus = _prometheus()
+        registry = prometheus.CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        if process:
+            # CPU, memory and open files of this process (Linux), as exporters conventionally
+            # report; only for task processes, not inside the user's application.
+            prometheus.ProcessCollector(registry=registry)
+        try:
+            self._server, self._thread = prometheus.start_http_server(
+                port, addr=host, registry=registry
+            )
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        bound_host, bound_port = self._server.server_address[:2]
+        self.address = f"{bound_host}:{bound_port}"
+
+    @property
+    def url(self) -> str:
+        """``http://HOST:PORT/metrics``."""
+        host, port = self.address.rsplit(":", 1)
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}/metrics"
+
+    def close(self) -> None:
+        """Stops serving and closes the socket. Idempotent."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            self._thread.join(timeout=5.0)
+
+
+def serve_coordinator(dispatcher: Any, host: str, port: int) -> MetricsServer:
+    """Serves a dispatcher's metrics (``jaxcluster_closures_total`` and the rest)."""
+    return MetricsServer(_CoordinatorCollector(dispatcher.metrics), host, port)
+
+
+def serve_worker(server: Any, host: str, port: int) -> MetricsServer:
+    """Serves a worker server's metrics (``jaxcluster_executor_*`` and task info)."""
+    return MetricsServer(_WorkerCollector(server), host, port, process=True)
+
+
+def serve_ps(server: Any, host: str, port: int) -> MetricsServer:
+    """Serves a ps server's metrics (``jaxcluster_ps_*`` and task info)."""
+    return MetricsServer(_PsCollector(server), host, port, process=True)
