@@ -35,8 +35,13 @@ def test_every_call_works_across_the_chunk_boundary(small_ps: Any, elements: int
     client = client_of(small_ps, LIMIT)
     name = f"v{elements}"
     start = np.arange(elements, dtype=np.float32)
+    before = client.get_status()
     client.create_variable(name, start, replace=True)
     np.testing.assert_array_equal(client.read(name), start)
+    # Tensor bytes are counted once per call, whether it came whole or in chunks.
+    after = client.get_status()
+    assert after["bytes_written"] - before["bytes_written"] == start.nbytes
+    assert after["bytes_read"] - before["bytes_read"] == start.nbytes
     client.assign(name, start * 2)
     client.assign_add(name, np.ones(elements, np.float32))
     after = client.assign_sub(name, np.full(elements, 0.5, np.float32), read_value=True)

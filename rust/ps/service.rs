@@ -116,14 +116,14 @@ impl PsShared {
     ) -> Result<pb::UpdateResponse, Status> {
         let (version, value) = result.map_err(|e| self.store_error(&e))?;
         count(&self.stats.updates, 1);
-        if let Some(value) = &value {
-            count(&self.stats.bytes_read, value.data.len() as u64);
-        }
-        self.sized(
+        let bytes = value.as_ref().map_or(0, |value| value.data.len());
+        let response = self.sized(
             pb::UpdateResponse { version, value },
             "the updated value",
             limit,
-        )
+        )?;
+        count(&self.stats.bytes_read, bytes as u64); // sent: counted once it may leave
+        Ok(response)
     }
 
     fn update(
@@ -162,13 +162,17 @@ impl PsShared {
             .store
             .read(&request.name)
             .map_err(|e| self.store_error(&e))?;
-        count(&self.stats.reads, 1);
-        count(&self.stats.bytes_read, value.data.len() as u64);
+        let bytes = value.data.len();
         let response = pb::ReadResponse {
             value: Some(value),
             version,
         };
-        self.sized(response, "the variable's value", limit)
+        // Counted once the answer may leave: a read too large for one message is refused
+        // here and asked again in chunks, and must not count twice.
+        let response = self.sized(response, "the variable's value", limit)?;
+        count(&self.stats.reads, 1);
+        count(&self.stats.bytes_read, bytes as u64);
+        Ok(response)
     }
 
     fn scatter_add(
@@ -206,18 +210,20 @@ impl PsShared {
             .store
             .read_many(&request.names)
             .map_err(|e| self.store_error(&e))?;
-        count(&self.stats.reads, variables.len() as u64);
+        let reads = variables.len() as u64;
         let bytes: usize = variables
             .iter()
             .filter_map(|item| item.value.as_ref())
             .map(|value| value.data.len())
             .sum();
-        count(&self.stats.bytes_read, bytes as u64);
-        self.sized(
+        let response = self.sized(
             pb::ReadManyResponse { variables },
             "the variables read",
             limit,
-        )
+        )?;
+        count(&self.stats.reads, reads); // as for `read`: once the answer may leave
+        count(&self.stats.bytes_read, bytes as u64);
+        Ok(response)
     }
 
     fn assign_many(
