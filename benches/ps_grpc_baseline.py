@@ -42,16 +42,17 @@ def load_protocol() -> tuple[ModuleType, ModuleType]:
         f"--python_out={out}",
         f"--grpc_python_out={out}",
         "jaxcluster/v1/ps.proto",
+        "jaxcluster/v1/worker.proto",  # ps.proto imports its `Chunk`
     ]
     if protoc.main(args) != 0:
         raise RuntimeError(f"grpcio-tools could not compile {PROTOS / 'jaxcluster/v1/ps.proto'}")
     # The generated package is named `jaxcluster`, like the real one that wins the import;
     # load the two modules as top-level ones instead.
     generated = Path(out) / "jaxcluster" / "v1"
-    services_file = generated / "ps_pb2_grpc.py"
-    services_file.write_text(
-        services_file.read_text().replace("from jaxcluster.v1 import ps_pb2", "import ps_pb2")
-    )
+    for name in ("ps_pb2_grpc.py", "ps_pb2.py"):
+        path = generated / name
+        text = path.read_text().replace("from jaxcluster.v1 import ps_pb2", "import ps_pb2")
+        path.write_text(text.replace("from jaxcluster.v1 import worker_pb2", "import worker_pb2"))
     sys.path.insert(0, str(generated))
     return importlib.import_module("ps_pb2"), importlib.import_module("ps_pb2_grpc")
 

@@ -50,7 +50,7 @@ def _name(common_name: str) -> x509.Name:
 
 def _ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(_name(common_name))
@@ -90,7 +90,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     ca_key, ca_cert = _ca("jaxcluster test CA")
     _, other_cert = _ca("some other CA")
     server_key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     server_cert = (
         x509.CertificateBuilder()
         .subject_name(_name("localhost"))

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
-import shutil
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -15,40 +11,19 @@ import pytest
 
 from jaxcluster import wire
 from jaxcluster.coordinator import functions
+from support.grpc_stubs import worker_stubs
 from support.workers import WorkerProc, running_worker
 
 grpc = pytest.importorskip("grpc")
-protoc = pytest.importorskip("grpc_tools.protoc")
+pytest.importorskip("grpc_tools.protoc")
 
-PROTO = Path(__file__).resolve().parents[1] / "protos" / "jaxcluster" / "v1" / "worker.proto"
 TOKEN = "interop-token"
 INDEX = 6
 
 
 @pytest.fixture(scope="module")
-def stubs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ModuleType, ModuleType]]:
-    # Compiled from a copy at the include root, so the generated modules are top-level
-    # (`worker_pb2`) rather than `jaxcluster.v1.*`, which would collide with this package.
-    # The proto package, and so every RPC path on the wire, is unchanged.
-    out = tmp_path_factory.mktemp("grpc_stubs")
-    shutil.copy(PROTO, out / "jaxcluster_worker.proto")
-    code = protoc.main(
-        [
-            "grpc_tools.protoc",
-            f"-I{out}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            str(out / "jaxcluster_worker.proto"),
-        ]
-    )
-    assert code == 0, "grpc_tools.protoc failed to compile worker.proto"
-    sys.path.insert(0, str(out))
-    try:
-        pb2 = importlib.import_module("jaxcluster_worker_pb2")
-        pb2_grpc = importlib.import_module("jaxcluster_worker_pb2_grpc")
-        yield pb2, pb2_grpc
-    finally:
-        sys.path.remove(str(out))
+def stubs() -> tuple[ModuleType, ModuleType]:
+    return worker_stubs()
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,9 @@
 """Type stubs for the native module ``jaxcluster._core`` (Rust, PyO3)."""
 
 from collections.abc import Iterable, Mapping, Sequence, Sized
-from typing import Any, Literal, Protocol, final, overload
+from typing import Any, Literal, Protocol, Self, TypeAlias, final, overload
 
 import numpy as np
-from typing_extensions import Self
 
 __version__: str
 
@@ -31,6 +30,39 @@ def refresh_log_levels() -> None:
 _FunctionKind = Literal["cloudpickle", "jax_export"]
 _ErrorKind = Literal["user", "input", "function_load", "infrastructure", "cancelled"]
 
+# --- Buffers (rust/py/buffer.rs) -------------------------------------------------------------
+
+@final
+class Buffer:
+    """Read-only bytes held by the Rust core, exported through the buffer protocol without a
+    copy (``numpy.frombuffer(buf)``, ``memoryview(buf)``, ``bytes(buf)`` copies). Received
+    values' buffers are ``Buffer`` objects; passing one back (or a view of it, through
+    :meth:`within`) sends it without copying.
+
+    Example::
+
+        buf = Buffer.borrow(b"abc")
+        assert bytes(buf) == b"abc" and len(buf) == 3
+    """
+
+    @staticmethod
+    def borrow(obj: Any) -> Buffer:
+        """Wraps ``obj``'s memory without copying; only for memory that never changes while
+        referenced (``bytes``, a ``jax.Array``'s host view). ``BufferError`` for an object
+        that is not a C-contiguous buffer."""
+
+    def within(self, view: Any) -> Buffer:
+        """The part of this buffer ``view`` (e.g. ``numpy.frombuffer(self)[2:]``) covers,
+        without copying; ``ValueError`` when ``view`` is not inside this buffer."""
+
+    def __len__(self) -> int: ...
+    def __bytes__(self) -> bytes: ...
+    def __eq__(self, other: object, /) -> bool: ...
+
+# Anything exporting a C-contiguous buffer: bytes, Buffer, memoryview, bytearray,
+# pickle.PickleBuffer, a numpy array.
+_BytesLike: TypeAlias = Any
+
 # --- Closure outcomes (rust/py/outcome.rs) ---------------------------------------------------
 
 @final
@@ -38,11 +70,11 @@ class EncodedValue:
     """A closure's result as the worker sent it: a pickle (protocol 5) and its out-of-band
     buffers, for ``jaxcluster.wire.decode(value.pickle, value.buffers)``."""
 
-    def __new__(cls, pickle: bytes, buffers: Sequence[bytes] = ...) -> Self: ...
+    def __new__(cls, pickle: _BytesLike, buffers: Sequence[_BytesLike] = ...) -> Self: ...
     @property
     def pickle(self) -> bytes: ...
     @property
-    def buffers(self) -> list[bytes]: ...
+    def buffers(self) -> list[Buffer]: ...
 
 @final
 class ClosureError:
@@ -106,7 +138,7 @@ class ClosureError:
         """The pickled exception when the worker could pickle it (and it unpickled there)."""
 
     @property
-    def exception_buffers(self) -> list[bytes]:
+    def exception_buffers(self) -> list[Buffer]:
         """Out-of-band buffers of :attr:`exception`."""
 
     @property
@@ -252,19 +284,24 @@ class WorkerJob:
         """The pickled ``(args, kwargs)``, or ``None`` when the request had no arguments."""
 
     @property
-    def buffers(self) -> list[bytes]:
-        """The out-of-band buffers of :attr:`args`."""
+    def buffers(self) -> list[Buffer]:
+        """The out-of-band buffers of :attr:`args`, without a copy."""
 
     @property
     def replied(self) -> bool:
         """Whether the job has been answered."""
 
     def reply_ok(
-        self, value: bytes | None = None, buffers: Sequence[bytes] = ..., *, released: int = 0
+        self,
+        value: _BytesLike | None = None,
+        buffers: Sequence[_BytesLike] = ...,
+        *,
+        released: int = 0,
     ) -> None:
-        """Answers success: ``run`` needs the pickled result ``value`` (and its buffers);
-        ``create_resource`` takes nothing; ``release_resource`` takes the ``released``
-        count."""
+        """Answers success: ``run`` needs the pickled result ``value`` (and its buffers:
+        ``bytes`` and ``Buffer`` are sent without a copy, any other bytes-like object is
+        copied once); ``create_resource`` takes nothing; ``release_resource`` takes the
+        ``released`` count."""
 
     def reply_error(
         self,
@@ -274,8 +311,8 @@ class WorkerJob:
         message: str,
         traceback: str,
         *,
-        exception: bytes | None = None,
-        exception_buffers: Sequence[bytes] = ...,
+        exception: _BytesLike | None = None,
+        exception_buffers: Sequence[_BytesLike] = ...,
         resource_id: int | None = None,
         ps_task: int | None = None,
     ) -> None:
@@ -342,24 +379,25 @@ class WorkerClient:
     def run_closure(
         self,
         function_hash: bytes,
-        args: bytes | None = None,
-        buffers: Sequence[bytes] = ...,
+        args: _BytesLike | None = None,
+        buffers: Sequence[_BytesLike] = ...,
         *,
         closure_id: int = 0,
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """Runs a registered function on pickled ``(args, kwargs)``. Returns
-        ``{"closure_id", "value", "buffers", "error"}``: ``value``/``buffers`` hold the
-        pickled result, or ``error`` is the :class:`ClosureError` the worker reported (its
-        ``worker`` is this client's address). ``timeout=None`` waits as long as the closure
-        runs."""
+        ``{"closure_id", "value", "buffers", "error"}``: ``value``/``buffers`` (``Buffer``
+        objects) hold the pickled result, or ``error`` is the :class:`ClosureError` the
+        worker reported (its ``worker`` is this client's address). ``timeout=None`` waits as
+        long as the closure runs. A request above ``max_message_bytes`` goes in chunks
+        (protocol revision 4)."""
 
     def create_resource(
         self,
         resource_id: int,
         function_hash: bytes,
-        args: bytes | None = None,
-        buffers: Sequence[bytes] = ...,
+        args: _BytesLike | None = None,
+        buffers: Sequence[_BytesLike] = ...,
         *,
         timeout: float | None = None,
     ) -> dict[str, Any]:
@@ -643,13 +681,15 @@ class Dispatcher:
         self,
         function_hash: bytes,
         args: bytes,
-        buffers: Sequence[bytes],
+        buffers: Sequence[_BytesLike],
         resources: Sequence[PerWorkerResource],
     ) -> ResultCell:
         """Queues a closure of a registered function: ``args`` is the pickled
         ``(args, kwargs)`` (empty for none), ``buffers`` its out-of-band buffers
-        (bytes-like), ``resources`` the per-worker resources the arguments refer to (as
-        ``ResourceRef(resource_id)``). Blocks with the GIL released while the queue is full.
+        (``bytes`` and ``Buffer`` sent without a copy, other bytes-like objects copied
+        once, so changing them later changes nothing), ``resources`` the per-worker
+        resources the arguments refer to (as ``ResourceRef(resource_id)``). Blocks with the
+        GIL released while the queue is full.
         Under ``cancel_all`` a pending closure error is raised after queuing, so this
         closure is cancelled with the rest (as TF does). ``ValueError`` for an unknown
         function or a released resource; ``RuntimeError`` after :meth:`shutdown`."""

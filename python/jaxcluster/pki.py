@@ -144,7 +144,7 @@ def make_ca(
     path = _directory(directory)
     key = c.ec.generate_private_key(c.ec.SECP256R1())
     name = c.x509.Name([c.x509.NameAttribute(c.NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         c.x509.CertificateBuilder()
         .subject_name(name)
@@ -228,7 +228,7 @@ def issue(
     ca_cert, ca_key = _load_ca(c, path)
     names = [_san(c, host) for host in hosts]
     key = c.ec.generate_private_key(c.ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     subject = c.x509.Name([c.x509.NameAttribute(c.NameOID.COMMON_NAME, str(hosts[0])[:64])])
     cert = (
         c.x509.CertificateBuilder()

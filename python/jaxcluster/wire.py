@@ -17,6 +17,16 @@ encoding and decoding (measured: 64 float32 values, 15 -> 8 us to encode, 8 -> 5
 decode). The array that comes back is the same (read-only over the received buffer, as
 numpy's own out-of-band pickles give).
 
+Buffers and copies: the public encoding (:class:`EncodedValue`) holds ``bytes`` that any
+protobuf stack takes. Inside jaxcluster, values go to the Rust core with
+``encode(value, zero_copy=True)``: a buffer whose memory cannot change while it is sent is
+handed over as a :class:`jaxcluster._core.Buffer` without a copy (an array received from the
+other side and sent back, a ``jax.Array``'s host memory), every other buffer as the
+``PickleBuffer`` itself, which the core copies once, so a numpy array changed after
+``schedule()`` returns never changes what was sent. Received buffers are ``Buffer`` objects
+over the bytes where the network layer decoded them, so decoding a large array copies
+nothing.
+
 Functions are content-addressed by :func:`content_hash` (the SHA-256 of their payload);
 ``jaxcluster.coordinator.functions`` makes the payloads.
 
@@ -77,7 +87,8 @@ class EncodedValue:
     """A pickled value and its out-of-band buffers, ready for a ``Value`` message."""
 
     pickle: bytes
-    buffers: list[bytes] = field(default_factory=list)
+    #: ``bytes``; with ``encode(..., zero_copy=True)`` also ``Buffer``/``PickleBuffer``.
+    buffers: list[Any] = field(default_factory=list)
 
 
 def _jax_array_type() -> type | None:
@@ -94,9 +105,7 @@ def _persistent_id(obj: Any) -> Any:
 
 def _jax_to_numpy(obj: Any, jax_array: type | None) -> Any:
     if jax_array is not None and isinstance(obj, jax_array):
-        import numpy as np
-
-        return _reduce_ndarray(np.asarray(obj))
+        return _reduce_jax_array(obj)
     return NotImplemented
 
 
@@ -142,9 +151,49 @@ def _reduce_ndarray(array: Any) -> Any:
 
 
 def _reduce_jax_array(array: Any) -> Any:
+    """A ``jax.Array`` as its host memory: ``numpy.asarray`` is a view of a CPU array (one
+    device-to-host copy for an accelerator's), and as a ``jax.Array`` never changes, that
+    memory is borrowed, not copied, when the value is sent."""
     import numpy as np
 
-    return _reduce_ndarray(np.asarray(array))
+    host = np.asarray(array)
+    dtype = host.dtype
+    if dtype.kind in "biufc" and dtype.fields is None and host.flags.c_contiguous and host.size:
+        from jaxcluster._native import core
+
+        borrowed = pickle.PickleBuffer(core.Buffer.borrow(host))
+        return rebuild_array, (borrowed, dtype.str, host.shape)
+    return _reduce_ndarray(host)
+
+
+def _out_of_band(buffers: list[pickle.PickleBuffer], zero_copy: bool) -> list[Any]:
+    """The pickler's out-of-band buffers as ``bytes``, or (``zero_copy``) as what the Rust
+    core takes: a ``Buffer`` for memory that cannot change, else the ``PickleBuffer``."""
+    if not zero_copy:
+        return [b.raw().tobytes() for b in buffers]
+    return [_shared(b) for b in buffers]
+
+
+def _shared(buffer: pickle.PickleBuffer) -> Any:
+    view = buffer.raw()
+    root = view.obj
+    for _ in range(64):  # a numpy view's owner, and its owner...
+        base = getattr(root, "base", None)
+        if base is None:
+            break
+        root = base
+    if _is_core_buffer(root):  # received bytes (immutable) or a borrowed jax.Array
+        return root.within(view)
+    if type(root) is bytes:  # e.g. numpy.frombuffer(b"..."): immutable too
+        from jaxcluster._native import core
+
+        return core.Buffer.borrow(root).within(view)
+    return buffer
+
+
+def _is_core_buffer(obj: Any) -> bool:
+    core = sys.modules.get("jaxcluster._core")
+    return core is not None and type(obj) is core.Buffer
 
 
 class _NeedsFullPickler(Exception):
@@ -197,10 +246,11 @@ class _Reusable(threading.local):
 _reusable = _Reusable()
 
 
-def fast_encode(value: Any) -> EncodedValue:
+def fast_encode(value: Any, *, zero_copy: bool = False) -> EncodedValue:
     """Pickles ``value`` with the C pickler and no per-object Python hook. Raises for
     anything it does not handle the way :func:`encode` does (callers fall back to
-    :func:`encode`): unpicklable objects and :class:`ResourceRef`."""
+    :func:`encode`): unpicklable objects and :class:`ResourceRef`. ``zero_copy`` as for
+    :func:`encode`."""
     state = _reusable
     if state.busy:  # re-entered from some object's __reduce__: use a pickler of its own
         stream = io.BytesIO()
@@ -208,14 +258,14 @@ def fast_encode(value: Any) -> EncodedValue:
         pickler = pickle.Pickler(stream, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
         pickler.dispatch_table = _dispatch_table()
         pickler.dump(value)
-        return EncodedValue(stream.getvalue(), [b.raw().tobytes() for b in buffers])
+        return EncodedValue(stream.getvalue(), _out_of_band(buffers, zero_copy))
     table = _dispatch_table()
     if state.table is not table:
         state.pickler.dispatch_table = state.table = table
     state.busy = True
     try:
         state.pickler.dump(value)
-        return EncodedValue(state.stream.getvalue(), [b.raw().tobytes() for b in state.buffers])
+        return EncodedValue(state.stream.getvalue(), _out_of_band(state.buffers, zero_copy))
     finally:
         state.pickler.clear_memo()
         state.stream.seek(0)
@@ -224,29 +274,33 @@ def fast_encode(value: Any) -> EncodedValue:
         state.busy = False
 
 
-def _dump(pickler_type: type, value: Any) -> EncodedValue:
+def _dump(pickler_type: type, value: Any, zero_copy: bool) -> EncodedValue:
     stream = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
     pickler_type(stream, buffers).dump(value)
-    # The Rust core takes bytes (the stable ABI has no buffer protocol), hence one copy.
-    return EncodedValue(stream.getvalue(), [b.raw().tobytes() for b in buffers])
+    return EncodedValue(stream.getvalue(), _out_of_band(buffers, zero_copy))
 
 
-def encode(value: Any) -> EncodedValue:
+def encode(value: Any, *, zero_copy: bool = False) -> EncodedValue:
     """Pickles ``value`` with out-of-band buffers; falls back to cloudpickle when needed.
+
+    The buffers are ``bytes``. With ``zero_copy=True`` they are what the Rust core sends
+    without copying where that is safe (see the module docstring): ``Buffer`` and
+    ``PickleBuffer`` objects, for ``Dispatcher.schedule`` and ``WorkerJob.reply_ok``, not
+    for other protobuf stacks.
 
     Raises ``pickle.PicklingError`` naming the value's type when neither can pickle it.
     """
     try:
-        return fast_encode(value)
+        return fast_encode(value, zero_copy=zero_copy)
     except Exception:  # whatever it was, the full picklers below decide
         pass
     try:
-        return _dump(_Pickler, value)
+        return _dump(_Pickler, value, zero_copy)
     except (pickle.PicklingError, AttributeError, TypeError):
         pass
     try:
-        return _dump(_CloudPickler, value)
+        return _dump(_CloudPickler, value, zero_copy)
     except Exception as exc:
         raise pickle.PicklingError(
             f"cannot send a value of type {type(value).__qualname__} to or from a worker: "

@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use prost::Message;
+
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
@@ -24,6 +26,7 @@ type Inner =
 pub struct PsClient {
     inner: Inner,
     callee: Callee,
+    max_message_bytes: usize,
 }
 
 /// What sets a ps apart, as the shared client code sees it: large frames for multi-megabyte
@@ -50,12 +53,39 @@ impl PsClient {
         Ok(Self {
             inner,
             callee: Callee::new(&PS, config.address.clone()),
+            max_message_bytes: limit,
         })
     }
 
     /// The address this client was made for, as given.
     pub fn address(&self) -> &str {
         self.callee.address()
+    }
+
+    /// Runs `method` through `CallChunked`, for messages above the size limit (protocol
+    /// revision 4; see [`Callee::call_chunked`]).
+    async fn chunked<Req, Resp>(
+        &self,
+        method: &str,
+        timeout: Option<Duration>,
+        request: &Req,
+    ) -> Result<Resp, RpcError>
+    where
+        Req: prost::Message,
+        Resp: prost::Message + Default,
+    {
+        let mut c = self.inner.clone();
+        let limit = self.max_message_bytes;
+        self.callee
+            .call_chunked(method, timeout, request, limit, |r| async move {
+                c.call_chunked(r).await
+            })
+            .await
+    }
+
+    /// Whether `request` is too large for one message.
+    fn too_large(&self, request: &impl prost::Message) -> bool {
+        request.encoded_len() > self.max_message_bytes
     }
 
     /// Identity and counters of the ps.
@@ -78,6 +108,11 @@ impl PsClient {
         request: pb::CreateVariableRequest,
         timeout: Option<Duration>,
     ) -> Result<bool, RpcError> {
+        if self.too_large(&request) {
+            let response: pb::CreateVariableResponse =
+                self.chunked("CreateVariable", timeout, &request).await?;
+            return Ok(response.replaced);
+        }
         let mut c = self.inner.clone();
         let response = self
             .callee
@@ -96,9 +131,18 @@ impl PsClient {
     ) -> Result<pb::ReadResponse, RpcError> {
         let mut c = self.inner.clone();
         let request = pb::ReadRequest { name };
-        self.callee
-            .call("Read", timeout, request, |r| async move { c.read(r).await })
-            .await
+        let unary = self
+            .callee
+            .call("Read", timeout, request.clone(), |r| async move {
+                c.read(r).await
+            })
+            .await;
+        match unary {
+            // A value above the message limit: read it again in chunks (a read changes
+            // nothing, so asking twice is safe).
+            Err(RpcError::ResourceExhausted(_)) => self.chunked("Read", timeout, &request).await,
+            other => other,
+        }
     }
 
     /// `Assign`, `AssignAdd` or `AssignSub`, by `op`.
@@ -108,6 +152,16 @@ impl PsClient {
         request: pb::UpdateRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::UpdateResponse, RpcError> {
+        // The value read back is as large as the value sent: chunk both when that is large.
+        let answer_too = if request.read_value { 2 } else { 1 };
+        if request.encoded_len() * answer_too > self.max_message_bytes {
+            let method = match op {
+                Op::Assign => "Assign",
+                Op::Add => "AssignAdd",
+                Op::Sub => "AssignSub",
+            };
+            return self.chunked(method, timeout, &request).await;
+        }
         let mut c = self.inner.clone();
         match op {
             Op::Assign => {
@@ -143,6 +197,9 @@ impl PsClient {
         request: pb::ScatterAddRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::UpdateResponse, RpcError> {
+        if self.too_large(&request) {
+            return self.chunked("ScatterAdd", timeout, &request).await;
+        }
         let mut c = self.inner.clone();
         self.callee
             .call("ScatterAdd", timeout, request, |r| async move {
@@ -175,12 +232,19 @@ impl PsClient {
     ) -> Result<Vec<pb::NamedTensor>, RpcError> {
         let mut c = self.inner.clone();
         let request = pb::ReadManyRequest { names };
-        let response = self
+        let unary = self
             .callee
-            .call("ReadMany", timeout, request, |r| async move {
+            .call("ReadMany", timeout, request.clone(), |r| async move {
                 c.read_many(r).await
             })
-            .await?;
+            .await;
+        let response: pb::ReadManyResponse = match unary {
+            // Values above the message limit: read again in chunks (reads change nothing).
+            Err(RpcError::ResourceExhausted(_)) => {
+                self.chunked("ReadMany", timeout, &request).await?
+            }
+            other => other?,
+        };
         Ok(response.variables)
     }
 
@@ -190,6 +254,11 @@ impl PsClient {
         request: pb::AssignManyRequest,
         timeout: Option<Duration>,
     ) -> Result<(u32, u32), RpcError> {
+        if self.too_large(&request) {
+            let response: pb::AssignManyResponse =
+                self.chunked("AssignMany", timeout, &request).await?;
+            return Ok((response.assigned, response.created));
+        }
         let mut c = self.inner.clone();
         let response = self
             .callee

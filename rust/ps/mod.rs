@@ -32,10 +32,8 @@ use crate::rpc::pb;
 use crate::rpc::serve::{self, BindError, Serving};
 use service::{PsService, PsShared, PsStats};
 
-/// Largest HTTP/2 frame each side accepts. Variables travel as single multi-megabyte
-/// messages; with the 16 KiB default a 1 MiB update is 64 frames and as many wake-ups of
-/// the receiving task, which dominates its cost on a busy machine.
-pub const MAX_FRAME_BYTES: u32 = 1024 * 1024;
+/// Largest HTTP/2 frame each side accepts (shared with workers, see `rpc::limits`).
+pub use crate::rpc::limits::MAX_FRAME_BYTES;
 
 /// How to start a parameter server.
 #[derive(Debug, Clone)]

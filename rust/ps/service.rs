@@ -5,14 +5,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use prost::Message;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::dtype::Op;
 use super::store::{StoreError, Updated, VariableStore};
 use super::tensor::TensorView;
 use crate::rpc::limits::too_large;
-use crate::rpc::{pb, PROTOCOL_REVISION};
+use crate::rpc::{chunks, pb, PROTOCOL_REVISION};
 
 /// Monotonic counters reported by `GetStatus`.
 #[derive(Debug, Default)]
@@ -103,41 +104,206 @@ impl PsShared {
         TensorView::from_pb(tensor, what).map_err(|e| self.reject(Status::invalid_argument(e)))
     }
 
-    /// Refuses a response above the size limit before tonic tries to encode it.
-    fn sized<M: Message>(&self, message: M, what: &str) -> Result<Response<M>, Status> {
+    /// Refuses a response above `limit` bytes before tonic tries to encode it.
+    fn sized<M: Message>(&self, message: M, what: &str, limit: usize) -> Result<M, Status> {
         let size = message.encoded_len();
-        if size > self.max_message_bytes {
-            return Err(self.reject(too_large("ps", what, size, self.max_message_bytes)));
+        if size > limit {
+            return Err(self.reject(too_large("ps", what, size, limit)));
         }
-        Ok(Response::new(message))
+        Ok(message)
     }
 
     fn updated(
         &self,
         result: Result<Updated, StoreError>,
-    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        limit: usize,
+    ) -> Result<pb::UpdateResponse, Status> {
         let (version, value) = result.map_err(|e| self.store_error(&e))?;
         count(&self.stats.updates, 1);
-        if let Some(value) = &value {
-            count(&self.stats.bytes_read, value.data.len() as u64);
-        }
-        self.sized(pb::UpdateResponse { version, value }, "the updated value")
+        let bytes = value.as_ref().map_or(0, |value| value.data.len());
+        let response = self.sized(
+            pb::UpdateResponse { version, value },
+            "the updated value",
+            limit,
+        )?;
+        count(&self.stats.bytes_read, bytes as u64); // sent: counted once it may leave
+        Ok(response)
     }
 
     fn update(
         &self,
         request: &pb::UpdateRequest,
         op: Op,
-    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        limit: usize,
+    ) -> Result<pb::UpdateResponse, Status> {
         let what = format!("the value for {} to {:?}", op.verb(), request.name);
         let value = self.view(request.value.as_ref(), &what)?;
         count(&self.stats.bytes_written, value.data.len() as u64);
         self.updated(
             self.store
                 .update(&request.name, op, &value, request.read_value),
+            limit,
         )
     }
+
+    fn create(
+        &self,
+        request: &pb::CreateVariableRequest,
+    ) -> Result<pb::CreateVariableResponse, Status> {
+        let what = format!("the initial value of {:?}", request.name);
+        let value = self.view(request.initial_value.as_ref(), &what)?;
+        let replaced = self
+            .store
+            .create(&request.name, &value, request.replace)
+            .map_err(|e| self.store_error(&e))?;
+        count(&self.stats.variables_created, 1);
+        count(&self.stats.bytes_written, value.data.len() as u64);
+        Ok(pb::CreateVariableResponse { replaced })
+    }
+
+    fn read(&self, request: &pb::ReadRequest, limit: usize) -> Result<pb::ReadResponse, Status> {
+        let (value, version) = self
+            .store
+            .read(&request.name)
+            .map_err(|e| self.store_error(&e))?;
+        let bytes = value.data.len();
+        let response = pb::ReadResponse {
+            value: Some(value),
+            version,
+        };
+        // Counted once the answer may leave: a read too large for one message is refused
+        // here and asked again in chunks, and must not count twice.
+        let response = self.sized(response, "the variable's value", limit)?;
+        count(&self.stats.reads, 1);
+        count(&self.stats.bytes_read, bytes as u64);
+        Ok(response)
+    }
+
+    fn scatter_add(
+        &self,
+        request: &pb::ScatterAddRequest,
+        limit: usize,
+    ) -> Result<pb::UpdateResponse, Status> {
+        let what = format!("the updates for scatter_add to {:?}", request.name);
+        let updates = self.view(request.updates.as_ref(), &what)?;
+        count(&self.stats.bytes_written, updates.data.len() as u64);
+        self.updated(
+            self.store.scatter_add(
+                &request.name,
+                &request.indices,
+                &updates,
+                request.read_value,
+            ),
+            limit,
+        )
+    }
+
+    fn list(&self, limit: usize) -> Result<pb::ListVariablesResponse, Status> {
+        let response = pb::ListVariablesResponse {
+            variables: self.store.list(),
+        };
+        self.sized(response, "the variable list", limit)
+    }
+
+    fn read_many(
+        &self,
+        request: &pb::ReadManyRequest,
+        limit: usize,
+    ) -> Result<pb::ReadManyResponse, Status> {
+        let variables = self
+            .store
+            .read_many(&request.names)
+            .map_err(|e| self.store_error(&e))?;
+        let reads = variables.len() as u64;
+        let bytes: usize = variables
+            .iter()
+            .filter_map(|item| item.value.as_ref())
+            .map(|value| value.data.len())
+            .sum();
+        let response = self.sized(
+            pb::ReadManyResponse { variables },
+            "the variables read",
+            limit,
+        )?;
+        count(&self.stats.reads, reads); // as for `read`: once the answer may leave
+        count(&self.stats.bytes_read, bytes as u64);
+        Ok(response)
+    }
+
+    fn assign_many(
+        &self,
+        request: &pb::AssignManyRequest,
+    ) -> Result<pb::AssignManyResponse, Status> {
+        let items = request
+            .variables
+            .iter()
+            .map(|item| {
+                let what = format!("the value for {:?}", item.name);
+                Ok((item.name.clone(), self.view(item.value.as_ref(), &what)?))
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        let (assigned, created) = self
+            .store
+            .assign_many(&items, request.create_missing)
+            .map_err(|e| self.store_error(&e))?;
+        count(&self.stats.updates, u64::from(assigned));
+        let bytes: usize = items.iter().map(|(_, value)| value.data.len()).sum();
+        count(&self.stats.bytes_written, bytes as u64);
+        count(&self.stats.variables_created, u64::from(created));
+        Ok(pb::AssignManyResponse { assigned, created })
+    }
+
+    /// A chunked request decoded; a failure is counted as a rejected request.
+    fn decoded<M: Message + Default>(&self, encoded: Bytes, what: &str) -> Result<M, Status> {
+        chunks::decode(encoded, what).map_err(|s| self.reject(s))
+    }
+
+    /// Runs one unary call that came through `CallChunked`, whose answer may be of any
+    /// size (it leaves in chunks).
+    fn chunked(&self, method: &str, encoded: Bytes) -> Result<Bytes, Status> {
+        let what = format!("a chunked {method} request");
+        let what = what.as_str();
+        let any = usize::MAX;
+        let response = match method {
+            "CreateVariable" => self.create(&self.decoded(encoded, what)?)?.encode_to_vec(),
+            "Read" => self
+                .read(&self.decoded(encoded, what)?, any)?
+                .encode_to_vec(),
+            "Assign" => self
+                .update(&self.decoded(encoded, what)?, Op::Assign, any)?
+                .encode_to_vec(),
+            "AssignAdd" => self
+                .update(&self.decoded(encoded, what)?, Op::Add, any)?
+                .encode_to_vec(),
+            "AssignSub" => self
+                .update(&self.decoded(encoded, what)?, Op::Sub, any)?
+                .encode_to_vec(),
+            "ScatterAdd" => self
+                .scatter_add(&self.decoded(encoded, what)?, any)?
+                .encode_to_vec(),
+            "ReadMany" => self
+                .read_many(&self.decoded(encoded, what)?, any)?
+                .encode_to_vec(),
+            "AssignMany" => self
+                .assign_many(&self.decoded(encoded, what)?)?
+                .encode_to_vec(),
+            other => return Err(self.reject(chunks::unknown_method(other, &CHUNKED_METHODS))),
+        };
+        Ok(Bytes::from(response))
+    }
 }
+
+/// The unary methods `CallChunked` carries (those whose messages can be large).
+const CHUNKED_METHODS: [&str; 8] = [
+    "CreateVariable",
+    "Read",
+    "Assign",
+    "AssignAdd",
+    "AssignSub",
+    "ScatterAdd",
+    "ReadMany",
+    "AssignMany",
+];
 
 /// The `jaxcluster.v1.ParameterServer` service.
 pub struct PsService {
@@ -148,6 +314,10 @@ impl PsService {
     /// A service over `shared`.
     pub fn new(shared: Arc<PsShared>) -> Self {
         Self { shared }
+    }
+
+    fn limit(&self) -> usize {
+        self.shared.max_message_bytes
     }
 }
 
@@ -164,58 +334,43 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::CreateVariableRequest>,
     ) -> Result<Response<pb::CreateVariableResponse>, Status> {
-        let s = &self.shared;
-        let request = request.into_inner();
-        let what = format!("the initial value of {:?}", request.name);
-        let value = s.view(request.initial_value.as_ref(), &what)?;
-        let replaced = s
-            .store
-            .create(&request.name, &value, request.replace)
-            .map_err(|e| s.store_error(&e))?;
-        count(&s.stats.variables_created, 1);
-        count(&s.stats.bytes_written, value.data.len() as u64);
-        Ok(Response::new(pb::CreateVariableResponse { replaced }))
+        self.shared.create(request.get_ref()).map(Response::new)
     }
 
     async fn read(
         &self,
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
-        let s = &self.shared;
-        let (value, version) = s
-            .store
-            .read(&request.into_inner().name)
-            .map_err(|e| s.store_error(&e))?;
-        count(&s.stats.reads, 1);
-        count(&s.stats.bytes_read, value.data.len() as u64);
-        s.sized(
-            pb::ReadResponse {
-                value: Some(value),
-                version,
-            },
-            "the variable's value",
-        )
+        self.shared
+            .read(request.get_ref(), self.limit())
+            .map(Response::new)
     }
 
     async fn assign(
         &self,
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
-        self.shared.update(&request.into_inner(), Op::Assign)
+        let s = &self.shared;
+        s.update(request.get_ref(), Op::Assign, self.limit())
+            .map(Response::new)
     }
 
     async fn assign_add(
         &self,
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
-        self.shared.update(&request.into_inner(), Op::Add)
+        let s = &self.shared;
+        s.update(request.get_ref(), Op::Add, self.limit())
+            .map(Response::new)
     }
 
     async fn assign_sub(
         &self,
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
-        self.shared.update(&request.into_inner(), Op::Sub)
+        let s = &self.shared;
+        s.update(request.get_ref(), Op::Sub, self.limit())
+            .map(Response::new)
     }
 
     async fn scatter_add(
@@ -223,29 +378,15 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         request: Request<pb::ScatterAddRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
         let s = &self.shared;
-        let request = request.into_inner();
-        let what = format!("the updates for scatter_add to {:?}", request.name);
-        let updates = s.view(request.updates.as_ref(), &what)?;
-        count(&s.stats.bytes_written, updates.data.len() as u64);
-        s.updated(s.store.scatter_add(
-            &request.name,
-            &request.indices,
-            &updates,
-            request.read_value,
-        ))
+        s.scatter_add(request.get_ref(), self.limit())
+            .map(Response::new)
     }
 
     async fn list_variables(
         &self,
         _request: Request<pb::ListVariablesRequest>,
     ) -> Result<Response<pb::ListVariablesResponse>, Status> {
-        let s = &self.shared;
-        s.sized(
-            pb::ListVariablesResponse {
-                variables: s.store.list(),
-            },
-            "the variable list",
-        )
+        self.shared.list(self.limit()).map(Response::new)
     }
 
     async fn read_many(
@@ -253,43 +394,17 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         request: Request<pb::ReadManyRequest>,
     ) -> Result<Response<pb::ReadManyResponse>, Status> {
         let s = &self.shared;
-        let variables = s
-            .store
-            .read_many(&request.into_inner().names)
-            .map_err(|e| s.store_error(&e))?;
-        count(&s.stats.reads, variables.len() as u64);
-        let bytes: usize = variables
-            .iter()
-            .filter_map(|item| item.value.as_ref())
-            .map(|value| value.data.len())
-            .sum();
-        count(&s.stats.bytes_read, bytes as u64);
-        s.sized(pb::ReadManyResponse { variables }, "the variables read")
+        s.read_many(request.get_ref(), self.limit())
+            .map(Response::new)
     }
 
     async fn assign_many(
         &self,
         request: Request<pb::AssignManyRequest>,
     ) -> Result<Response<pb::AssignManyResponse>, Status> {
-        let s = &self.shared;
-        let request = request.into_inner();
-        let items = request
-            .variables
-            .iter()
-            .map(|item| {
-                let what = format!("the value for {:?}", item.name);
-                Ok((item.name.clone(), s.view(item.value.as_ref(), &what)?))
-            })
-            .collect::<Result<Vec<_>, Status>>()?;
-        let (assigned, created) = s
-            .store
-            .assign_many(&items, request.create_missing)
-            .map_err(|e| s.store_error(&e))?;
-        count(&s.stats.updates, u64::from(assigned));
-        let bytes: usize = items.iter().map(|(_, value)| value.data.len()).sum();
-        count(&s.stats.bytes_written, bytes as u64);
-        count(&s.stats.variables_created, u64::from(created));
-        Ok(Response::new(pb::AssignManyResponse { assigned, created }))
+        self.shared
+            .assign_many(request.get_ref())
+            .map(Response::new)
     }
 
     async fn delete_variables(
@@ -298,5 +413,22 @@ impl pb::parameter_server_server::ParameterServer for PsService {
     ) -> Result<Response<pb::DeleteVariablesResponse>, Status> {
         let deleted = self.shared.store.delete(&request.into_inner().names);
         Ok(Response::new(pb::DeleteVariablesResponse { deleted }))
+    }
+
+    type CallChunkedStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>>;
+
+    async fn call_chunked(
+        &self,
+        request: Request<Streaming<pb::Chunk>>,
+    ) -> Result<Response<Self::CallChunkedStream>, Status> {
+        let s = &self.shared;
+        let answer = chunks::serve(
+            request.into_inner(),
+            s.max_message_bytes,
+            |status| s.reject(status),
+            |method, encoded| async move { s.chunked(&method, encoded) },
+        )
+        .await?;
+        Ok(Response::new(answer))
     }
 }

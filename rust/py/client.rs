@@ -10,18 +10,26 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::blocking::{in_runtime, wait_for};
-use super::convert::{bytes_list, client_config, duration, to_bytes};
+use super::buffer::{buffer_list, bytes_of, bytes_of_all};
+use super::convert::{client_config, duration, to_bytes};
 use super::errors::new_error;
 use super::outcome::PyClosureError;
 use crate::rpc::codes::parse_function_kind;
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::{pb, WorkerClient};
 
-fn value(pickle: Option<PyBackedBytes>, buffers: Vec<PyBackedBytes>) -> Option<pb::Value> {
-    pickle.map(|p| pb::Value {
-        pickle: to_bytes(p),
-        buffers: buffers.into_iter().map(to_bytes).collect(),
-    })
+fn value(
+    pickle: Option<&Bound<'_, PyAny>>,
+    buffers: &[Bound<'_, PyAny>],
+) -> PyResult<Option<pb::Value>> {
+    pickle
+        .map(|p| {
+            Ok(pb::Value {
+                pickle: bytes_of(p, "args")?,
+                buffers: bytes_of_all(buffers, "each buffer")?,
+            })
+        })
+        .transpose()
 }
 
 /// `GetStatus` as a dict; shared with `WorkerServer.status()`.
@@ -83,7 +91,7 @@ fn run_dict<'py>(
     match &r.outcome {
         Some(pb::run_closure_response::Outcome::Result(v)) => {
             d.set_item("value", PyBytes::new(py, &v.pickle))?;
-            d.set_item("buffers", bytes_list(py, &v.buffers)?)?;
+            d.set_item("buffers", buffer_list(py, &v.buffers)?)?;
             d.set_item("error", py.None())?;
         }
         Some(pb::run_closure_response::Outcome::Error(e)) => {
@@ -203,18 +211,19 @@ impl PyWorkerClient {
     }
 
     #[pyo3(signature = (function_hash, args=None, buffers=Vec::new(), *, closure_id=0, timeout=None))]
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     fn run_closure<'py>(
         &self,
         py: Python<'py>,
         function_hash: PyBackedBytes,
-        args: Option<PyBackedBytes>,
-        buffers: Vec<PyBackedBytes>,
+        args: Option<Bound<'py, PyAny>>,
+        buffers: Vec<Bound<'py, PyAny>>,
         closure_id: u64,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let request = pb::RunClosureRequest {
             function_hash: to_bytes(function_hash),
-            args: value(args, buffers),
+            args: value(args.as_ref(), &buffers)?,
             closure_id,
         };
         let timeout = duration(timeout, "timeout")?;
@@ -223,19 +232,20 @@ impl PyWorkerClient {
     }
 
     #[pyo3(signature = (resource_id, function_hash, args=None, buffers=Vec::new(), *, timeout=None))]
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     fn create_resource<'py>(
         &self,
         py: Python<'py>,
         resource_id: u64,
         function_hash: PyBackedBytes,
-        args: Option<PyBackedBytes>,
-        buffers: Vec<PyBackedBytes>,
+        args: Option<Bound<'py, PyAny>>,
+        buffers: Vec<Bound<'py, PyAny>>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let request = pb::CreateResourceRequest {
             resource_id,
             function_hash: to_bytes(function_hash),
-            args: value(args, buffers),
+            args: value(args.as_ref(), &buffers)?,
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.create_resource(request, timeout))?;

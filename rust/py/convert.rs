@@ -6,7 +6,6 @@ use bytes::Bytes;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyList};
 
 use crate::rpc::connections::ServerLimits;
 use crate::rpc::ClientConfig;
@@ -39,11 +38,6 @@ pub(crate) fn client_config(
     config.connect_timeout =
         duration(Some(connect_timeout), "connect_timeout")?.unwrap_or_default();
     Ok(config)
-}
-
-/// Buffers as a list of `bytes`.
-pub(crate) fn bytes_list<'py>(py: Python<'py>, items: &[Bytes]) -> PyResult<Bound<'py, PyList>> {
-    PyList::new(py, items.iter().map(|b| PyBytes::new(py, b)))
 }
 
 /// Hands an argument's buffer to `Bytes` without another copy; the buffer stays alive as

@@ -14,15 +14,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyDict, PyList};
 
 use super::blocking::{
     detach_interruptible, in_runtime, interrupted, with_wait_policy, SIGNAL_POLL,
 };
+use super::buffer::bytes_of_all;
 use super::convert::{duration, to_bytes};
 use super::dispatch_convert::{dispatch_error, metrics_dict, worker_dict};
 use super::outcome::outcome_object;
@@ -135,13 +135,9 @@ impl PyDispatcher {
         buffers: Vec<Bound<'_, PyAny>>,
         resources: Vec<PyRef<'_, PyPerWorkerResource>>,
     ) -> PyResult<PyResultCell> {
-        let buffers = buffers
-            .into_iter()
-            .map(|buffer| bytes_like(&buffer))
-            .collect::<PyResult<Vec<Bytes>>>()?;
         let args = EncodedValue {
             pickle: to_bytes(args),
-            buffers,
+            buffers: bytes_of_all(&buffers, "Dispatcher.schedule(): each buffer")?,
         };
         let resources: Vec<PerWorkerResource> = resources.iter().map(|r| r.inner.clone()).collect();
         let closure = self
@@ -324,24 +320,6 @@ impl PyPerWorkerResource {
             self.inner.id()
         )
     }
-}
-
-/// A `bytes` object without copying; any other bytes-like object (`bytearray`,
-/// `memoryview`, `PickleBuffer`) copied through `bytes(obj)`.
-fn bytes_like(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
-    if let Ok(backed) = obj.extract::<PyBackedBytes>() {
-        return Ok(to_bytes(backed));
-    }
-    let copied = obj.py().get_type::<PyBytes>().call1((obj,)).map_err(|_| {
-        PyValueError::new_err(format!(
-            "Dispatcher.schedule(): each buffer must be bytes-like (bytes, bytearray, \
-                 memoryview, PickleBuffer), got an object of type {}",
-            obj.get_type()
-                .name()
-                .map_or_else(|_| "<unknown>".to_owned(), |n| n.to_string())
-        ))
-    })?;
-    Ok(to_bytes(copied.extract::<PyBackedBytes>()?))
 }
 
 /// Runs a blocking dispatcher call with the GIL released, interruptibly.

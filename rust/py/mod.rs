@@ -3,6 +3,7 @@
 use pyo3::prelude::*;
 
 mod blocking;
+mod buffer;
 mod client;
 mod convert;
 mod device;
@@ -28,6 +29,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dispatch::PyDispatcher>()?;
     m.add_class::<dispatch::PyResultCell>()?;
     m.add_class::<dispatch::PyPerWorkerResource>()?;
+    m.add_class::<buffer::PyBuffer>()?;
     m.add_class::<outcome::PyEncodedValue>()?;
     m.add_class::<outcome::PyClosureError>()?;
     m.add_class::<ps::PyPsServer>()?;

@@ -9,7 +9,7 @@ use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use super::convert::bytes_list;
+use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use crate::dispatch::{ClosureFailure, EncodedValue, Outcome};
 use crate::rpc::codes::{code_name, error_class, error_kind_name, parse_code};
 use crate::rpc::pb;
@@ -24,13 +24,14 @@ pub struct PyEncodedValue {
 impl PyEncodedValue {
     #[new]
     #[pyo3(signature = (pickle, buffers = Vec::new()))]
-    fn new(pickle: Vec<u8>, buffers: Vec<Vec<u8>>) -> Self {
-        Self {
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
+    fn new(pickle: &Bound<'_, PyAny>, buffers: Vec<Bound<'_, PyAny>>) -> PyResult<Self> {
+        Ok(Self {
             value: EncodedValue {
-                pickle: Bytes::from(pickle),
-                buffers: buffers.into_iter().map(Bytes::from).collect(),
+                pickle: bytes_of(pickle, "pickle")?,
+                buffers: bytes_of_all(&buffers, "each buffer")?,
             },
-        }
+        })
     }
 
     #[getter]
@@ -40,7 +41,7 @@ impl PyEncodedValue {
 
     #[getter]
     fn buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        bytes_list(py, &self.value.buffers)
+        buffer_list(py, &self.value.buffers)
     }
 
     fn __repr__(&self) -> String {
@@ -230,7 +231,7 @@ impl PyClosureError {
 
     #[getter]
     fn exception_buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        bytes_list(py, &self.exception_buffers)
+        buffer_list(py, &self.exception_buffers)
     }
 
     #[getter]

@@ -6,12 +6,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::blocking::{block_detached, finish_serving, wait_in_slices};
+use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use super::client::status_dict;
-use super::convert::{bytes_list, duration, server_limits, to_bytes};
+use super::convert::{duration, server_limits};
 use super::dispatch_convert::latency_dict;
 use crate::rpc::codes::{function_kind_name, parse_code, parse_error_kind};
 use crate::rpc::connections::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION};
@@ -275,7 +275,7 @@ impl PyWorkerJob {
     #[getter]
     fn buffers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         match self.args_value() {
-            Some(v) => bytes_list(py, &v.buffers),
+            Some(v) => buffer_list(py, &v.buffers),
             None => Ok(PyList::empty(py)),
         }
     }
@@ -289,10 +289,11 @@ impl PyWorkerJob {
     }
 
     #[pyo3(signature = (value=None, buffers=Vec::new(), *, released=0))]
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
     fn reply_ok(
         &self,
-        value: Option<PyBackedBytes>,
-        buffers: Vec<PyBackedBytes>,
+        value: Option<Bound<'_, PyAny>>,
+        buffers: Vec<Bound<'_, PyAny>>,
         released: u32,
     ) -> PyResult<()> {
         let reply = match &self.request {
@@ -305,8 +306,8 @@ impl PyWorkerJob {
                 JobReply::Run(pb::RunClosureResponse {
                     closure_id: *closure_id,
                     outcome: Some(pb::run_closure_response::Outcome::Result(pb::Value {
-                        pickle: to_bytes(pickle),
-                        buffers: buffers.into_iter().map(to_bytes).collect(),
+                        pickle: bytes_of(&pickle, "value")?,
+                        buffers: bytes_of_all(&buffers, "each buffer")?,
                     })),
                 })
             }
@@ -326,7 +327,7 @@ impl PyWorkerJob {
 
     #[pyo3(signature = (kind, type_name, module, message, traceback, *, exception=None,
                         exception_buffers=Vec::new(), resource_id=None, ps_task=None))]
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     fn reply_error(
         &self,
         kind: &str,
@@ -334,8 +335,8 @@ impl PyWorkerJob {
         module: String,
         message: String,
         traceback: String,
-        exception: Option<PyBackedBytes>,
-        exception_buffers: Vec<PyBackedBytes>,
+        exception: Option<Bound<'_, PyAny>>,
+        exception_buffers: Vec<Bound<'_, PyAny>>,
         resource_id: Option<u64>,
         ps_task: Option<i64>,
     ) -> PyResult<()> {
@@ -347,10 +348,14 @@ impl PyWorkerJob {
             module,
             message,
             traceback,
-            exception: exception.map(|pickle| pb::Value {
-                pickle: to_bytes(pickle),
-                buffers: exception_buffers.into_iter().map(to_bytes).collect(),
-            }),
+            exception: exception
+                .map(|pickle| -> PyResult<pb::Value> {
+                    Ok(pb::Value {
+                        pickle: bytes_of(&pickle, "exception")?,
+                        buffers: bytes_of_all(&exception_buffers, "each exception buffer")?,
+                    })
+                })
+                .transpose()?,
             resource_id,
             ps_task,
         };

@@ -139,6 +139,61 @@ impl Callee {
     }
 }
 
+/// The request stream of a `CallChunked` call.
+pub type ChunkStream = tokio_stream::Iter<std::vec::IntoIter<super::pb::Chunk>>;
+
+impl Callee {
+    /// Runs unary `method` through `CallChunked` (protocol revision 4): `message`'s encoding
+    /// goes out in chunks for a peer accepting `max_message_bytes`, and the chunked answer is
+    /// decoded as `Resp`. `open` starts the call on the generated client. A peer without
+    /// `CallChunked` (revision 3 or older) fails with `RESOURCE_EXHAUSTED` saying so.
+    pub async fn call_chunked<Req, Resp, F, Fut>(
+        &self,
+        method: &str,
+        timeout: Option<Duration>,
+        message: &Req,
+        max_message_bytes: usize,
+        open: F,
+    ) -> Result<Resp, RpcError>
+    where
+        Req: prost::Message,
+        Resp: prost::Message + Default,
+        F: FnOnce(tonic::Request<ChunkStream>) -> Fut,
+        Fut: Future<
+            Output = Result<
+                tonic::Response<tonic::codec::Streaming<super::pb::Chunk>>,
+                tonic::Status,
+            >,
+        >,
+    {
+        let size = message.encoded_len();
+        let chunks = super::chunks::split_message(message, max_message_bytes, method);
+        let kind = self.peer.kind;
+        self.call(method, timeout, chunks, |request| async move {
+            let response = match open(request.map(tokio_stream::iter)).await {
+                Err(status) if status.code() == tonic::Code::Unimplemented => {
+                    return Err(super::chunks::needs_revision_4(
+                        kind,
+                        method,
+                        size,
+                        max_message_bytes,
+                    ));
+                }
+                other => other?,
+            };
+            let (metadata, incoming, extensions) = response.into_parts();
+            let (_, encoded) = super::chunks::read_message(incoming).await?;
+            let decoded = Resp::decode(encoded).map_err(|e| {
+                tonic::Status::internal(format!(
+                    "the chunked answer to {method} does not decode: {e} (a bug in the {kind})"
+                ))
+            })?;
+            Ok(tonic::Response::from_parts(metadata, decoded, extensions))
+        })
+        .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -51,7 +51,7 @@ impl ClientConfig {
 pub static WORKER: Peer = Peer {
     kind: "worker",
     example_port: 8470,
-    max_frame_bytes: None,
+    max_frame_bytes: Some(super::limits::MAX_FRAME_BYTES),
     status_error: RpcError::from,
 };
 
@@ -128,12 +128,40 @@ impl WorkerClient {
         Ok(response.devices)
     }
 
+    /// Whether `request` is too large for one message (and so goes through `CallChunked`).
+    fn too_large(&self, request: &impl prost::Message) -> bool {
+        request.encoded_len() > self.max_message_bytes
+    }
+
+    /// Runs `method` through `CallChunked` (see [`Callee::call_chunked`]).
+    async fn chunked<Req, Resp>(
+        &self,
+        method: &str,
+        timeout: Option<Duration>,
+        request: &Req,
+    ) -> Result<Resp, RpcError>
+    where
+        Req: prost::Message,
+        Resp: prost::Message + Default,
+    {
+        let mut c = self.inner.clone();
+        let limit = self.max_message_bytes;
+        self.callee
+            .call_chunked(method, timeout, request, limit, |r| async move {
+                c.call_chunked(r).await
+            })
+            .await
+    }
+
     /// Stores a function payload on the worker under its content hash.
     pub async fn register_function(
         &self,
         request: pb::RegisterFunctionRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::RegisterFunctionResponse, RpcError> {
+        if self.too_large(&request) {
+            return self.chunked("RegisterFunction", timeout, &request).await;
+        }
         let mut c = self.inner.clone();
         self.callee
             .call("RegisterFunction", timeout, request, |r| async move {
@@ -148,6 +176,9 @@ impl WorkerClient {
         request: pb::RunClosureRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::RunClosureResponse, RpcError> {
+        if self.too_large(&request) {
+            return self.chunked("RunClosure", timeout, &request).await;
+        }
         let mut c = self.inner.clone();
         self.callee
             .call("RunClosure", timeout, request, |r| async move {
@@ -162,6 +193,9 @@ impl WorkerClient {
         request: pb::CreateResourceRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::CreateResourceResponse, RpcError> {
+        if self.too_large(&request) {
+            return self.chunked("CreateResource", timeout, &request).await;
+        }
         let mut c = self.inner.clone();
         self.callee
             .call("CreateResource", timeout, request, |r| async move {

@@ -4,16 +4,35 @@
 //! Sending never waits: requests go into an unbounded channel that the connection drains
 //! (the coordinator bounds what it sends by its pipeline depth). Answers are read with
 //! [`ClosureChannel::next`], which decodes on the caller's thread.
+//!
+//! Messages above the size limit (protocol revision 4): a request too large for one
+//! message leaves in chunks when the worker says (response metadata) that it assembles
+//! them, and a closure too large for one message is refused locally, `RESOURCE_EXHAUSTED`
+//! saying why, when it does not. Chunked answers are assembled before they are handed on,
+//! so a caller only ever sees whole messages.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 
+use super::chunks::{self, Assembler};
 use super::client::WorkerClient;
 use super::emulated::{emulate, ClosureRunner};
 use super::{pb, RpcError};
+
+/// How a channel treats messages above the size limit.
+#[derive(Debug, Clone, Copy)]
+struct Large {
+    /// The worker's message limit (the client's own setting, which both sides share).
+    max_message_bytes: usize,
+    /// The worker assembles chunked requests (revision 4 or later).
+    chunks: bool,
+}
 
 /// The answers of an open stream, as they arrive.
 pub type Replies = Pin<Box<dyn Stream<Item = Result<pb::RunClosuresResponse, RpcError>> + Send>>;
@@ -24,23 +43,124 @@ pub type Replies = Pin<Box<dyn Stream<Item = Result<pb::RunClosuresResponse, Rpc
 pub struct ClosureChannel {
     requests: mpsc::UnboundedSender<pb::RunClosuresRequest>,
     replies: Replies,
+    large: Option<Large>,
+    /// Answers made here (closures refused before sending), handed out before the
+    /// worker's.
+    local: Mutex<VecDeque<pb::ClosureReply>>,
+    assembler: Assembler,
 }
 
 impl ClosureChannel {
     /// A channel over a request sender and an answer stream (for transports other than
     /// the tonic client, e.g. an in-memory fake).
     pub fn new(requests: mpsc::UnboundedSender<pb::RunClosuresRequest>, replies: Replies) -> Self {
-        Self { requests, replies }
+        Self {
+            requests,
+            replies,
+            large: None,
+            local: Mutex::new(VecDeque::new()),
+            assembler: Assembler::default(),
+        }
     }
 
-    /// Queues `request` for sending; `false` if the stream has already ended.
+    /// Queues `request` for sending; `false` if the stream has already ended. A request
+    /// above the size limit leaves in chunks, or its oversized closures are refused here
+    /// when the worker cannot assemble chunks.
     pub fn send(&self, request: pb::RunClosuresRequest) -> bool {
-        self.requests.send(request).is_ok()
+        let Some(large) = self.large else {
+            return self.requests.send(request).is_ok();
+        };
+        let size = request.encoded_len();
+        if size <= large.max_message_bytes {
+            return self.requests.send(request).is_ok();
+        }
+        if large.chunks {
+            let encoded = bytes::Bytes::from(request.encode_to_vec());
+            return chunks::split(&encoded, large.max_message_bytes, "")
+                .into_iter()
+                .all(|chunk| {
+                    self.requests
+                        .send(pb::RunClosuresRequest {
+                            chunk: Some(chunk),
+                            ..pb::RunClosuresRequest::default()
+                        })
+                        .is_ok()
+                });
+        }
+        self.send_each(request, large.max_message_bytes)
+    }
+
+    /// Sends the closures of an oversized `request` one message each (the first with the
+    /// request's flags), refusing those too large alone: a worker older than revision 4
+    /// would end the whole stream on an oversized message.
+    fn send_each(&self, mut request: pb::RunClosuresRequest, limit: usize) -> bool {
+        let closures = std::mem::take(&mut request.closures);
+        let mut open = self.requests.send(request).is_ok();
+        for closure in closures {
+            let size = closure.encoded_len();
+            if size + 16 > limit {
+                let status =
+                    chunks::needs_revision_4("worker", "closure's RunClosures", size, limit);
+                self.local
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push_back(pb::ClosureReply {
+                        closure_id: closure.closure_id,
+                        outcome: Some(pb::closure_reply::Outcome::Refused(pb::Refusal {
+                            code: status.code() as i32,
+                            message: status.message().to_owned(),
+                        })),
+                    });
+                continue;
+            }
+            open &= self
+                .requests
+                .send(pb::RunClosuresRequest {
+                    closures: vec![closure],
+                    ..pb::RunClosuresRequest::default()
+                })
+                .is_ok();
+        }
+        open
     }
 
     /// The next message of answers; `None` once the worker ended the stream.
     pub async fn next(&mut self) -> Option<Result<pb::RunClosuresResponse, RpcError>> {
-        self.replies.next().await
+        let refused: Vec<_> = self
+            .local
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+            .collect();
+        if !refused.is_empty() {
+            return Some(Ok(pb::RunClosuresResponse {
+                replies: refused,
+                ..pb::RunClosuresResponse::default()
+            }));
+        }
+        loop {
+            let response = match self.replies.next().await? {
+                Ok(response) => response,
+                Err(e) => return Some(Err(e)),
+            };
+            let Some(chunk) = response.chunk else {
+                return Some(Ok(response));
+            };
+            let assembled = self.assembler.push(chunk).and_then(|done| {
+                done.map(|encoded| chunks::decode(encoded, "an answer"))
+                    .transpose()
+            });
+            match assembled {
+                Ok(Some(response)) => return Some(Ok(response)),
+                Ok(None) => {}
+                Err(status) => {
+                    return Some(Err(RpcError::Internal(format!(
+                        "the worker sent a malformed chunked answer: {}",
+                        status.message()
+                    ))))
+                }
+            }
+        }
     }
 
     /// What [`next`](Self::next) would return if it did not have to wait; `None` if it
@@ -79,9 +199,20 @@ impl WorkerClient {
     /// stream emulated over unary `RunClosure` calls (see [`super::emulated`]).
     pub async fn run_closures(
         &self,
-        first: pb::RunClosuresRequest,
+        mut first: pb::RunClosuresRequest,
     ) -> Result<ClosureChannel, RpcError> {
         let (requests, receiver) = mpsc::unbounded_channel();
+        first.accepts_chunks = true;
+        // The worker's revision is known only once it answers: an oversized first message
+        // waits until then, behind one carrying the stream's options.
+        let limit = self.max_message_bytes();
+        let held = (first.encoded_len() > limit).then(|| {
+            let closures = std::mem::take(&mut first.closures);
+            pb::RunClosuresRequest {
+                closures,
+                ..pb::RunClosuresRequest::default()
+            }
+        });
         let _ = requests.send(first.clone());
         let context = format!("RunClosures on worker {}", self.address());
         let mut inner = self.inner();
@@ -95,10 +226,23 @@ impl WorkerClient {
             }
             Err(status) => return Err(RpcError::from(status).with_context(&context)),
         };
+        let revision = response
+            .metadata()
+            .get(super::REVISION_HEADER)
+            .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
+            .unwrap_or(0);
         let replies = response
             .into_inner()
             .map(move |item| item.map_err(|status| RpcError::from(status).with_context(&context)));
-        Ok(ClosureChannel::new(requests, Box::pin(replies)))
+        let mut channel = ClosureChannel::new(requests, Box::pin(replies));
+        channel.large = Some(Large {
+            max_message_bytes: limit,
+            chunks: revision >= 4,
+        });
+        if let Some(held) = held {
+            channel.send(held);
+        }
+        Ok(channel)
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod auth;
 pub mod channel;
+pub mod chunks;
 pub mod client;
 pub mod closure_stream;
 pub mod codes;
@@ -35,6 +36,10 @@ pub const HASH_LEN: usize = 32;
 /// revision 4 added heartbeats and leases on `RunClosures`, `GetStatusResponse.previous_exit`
 /// and the connection counters.
 pub const PROTOCOL_REVISION: u32 = 4;
+
+/// Response metadata of `RunClosures` naming the worker's protocol revision, so a client
+/// knows before sending anything large whether the worker assembles chunked requests.
+pub const REVISION_HEADER: &str = "jaxcluster-protocol-revision";
 
 /// A random number, never 0, drawn once per server (worker or ps) so that clients can
 /// tell a restarted process from the one before: its `pid` cannot, since in a container

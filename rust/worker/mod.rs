@@ -27,6 +27,7 @@
 //! complete.
 
 pub mod jobs;
+mod outgoing;
 mod reader;
 pub mod service;
 pub mod state;
@@ -46,7 +47,7 @@ pub use jobs::{Job, JobReply, JobRequest, Pop};
 
 use crate::rpc::auth::{validate_token, AuthCheck};
 use crate::rpc::connections::{ConnectionStats, ServerLimits};
-use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
+use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME_BYTES};
 use crate::rpc::pb;
 use crate::rpc::serve::{self, BindError, Serving};
 use jobs::JobQueue;
@@ -186,7 +187,7 @@ impl WorkerServer {
         );
         let router = serve::server(
             config.tls.as_ref(),
-            None,
+            Some(MAX_FRAME_BYTES),
             &limits,
             crate::rpc::limits::rewrite_worker_status,
         )

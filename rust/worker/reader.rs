@@ -8,15 +8,23 @@
 //! A reader registers its stream with the job queue while it reads, because only a reader
 //! queues closures: the queue keeps the stream's halted state (`halt_on_error`) from then
 //! until the reader stops.
+//!
+//! A request too large for one message arrives as chunks (protocol revision 4), which the
+//! reader assembles before applying the request; a malformed chunk sequence ends the call
+//! with its status (`INVALID_ARGUMENT` or `RESOURCE_EXHAUSTED`) after handing back what the
+//! stream had queued. Large answers are cut into chunks on the way out (`outgoing.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use tokio::sync::oneshot;
 use tonic::{Status, Streaming};
 
 use super::jobs::JobQueue;
+use super::outgoing::Outgoing;
 use super::state::WorkerState;
-use super::stream::{reply_channel, ClosureStream, Lease, Outgoing, Replies, ReplySender};
+use super::stream::{reply_channel, ClosureStream, Lease, Outbound, ReplySender};
+use crate::rpc::chunks::{self, Assembler, MAX_CHUNKED_MESSAGE_BYTES};
 use crate::rpc::limits::malformed;
 use crate::rpc::pb;
 
@@ -25,10 +33,83 @@ use crate::rpc::pb;
 pub(super) fn serve(
     state: &Arc<WorkerState>,
     incoming: Streaming<pb::RunClosuresRequest>,
-) -> Replies {
+) -> Outgoing {
     let (sender, lease, replies) = reply_channel(state.max_message_bytes);
-    tokio::spawn(read_requests(Arc::clone(state), incoming, sender, lease));
-    replies
+    let (fail, failed) = oneshot::channel();
+    let requests = Requests {
+        incoming,
+        assembler: Assembler::default(),
+        fail: Some(fail),
+    };
+    tokio::spawn(read_requests(Arc::clone(state), requests, sender, lease));
+    Outgoing::new(replies, failed, state.max_message_bytes)
+}
+
+/// The requests of one stream, whole: chunked ones assembled.
+struct Requests {
+    incoming: Streaming<pb::RunClosuresRequest>,
+    assembler: Assembler,
+    /// Ends the call with a status (taken once).
+    fail: Option<oneshot::Sender<Status>>,
+}
+
+/// What reading the next request gave.
+enum Next {
+    Request(pb::RunClosuresRequest),
+    /// The client half-closed.
+    End,
+    /// The client went away or the transport failed.
+    Broken(Status),
+    /// A malformed or oversized chunk sequence: the call ends with this status.
+    Refused(Status),
+}
+
+impl Requests {
+    async fn next(&mut self) -> Next {
+        loop {
+            let message = match self.incoming.message().await {
+                Ok(Some(message)) => message,
+                Ok(None) if self.assembler.in_progress() => {
+                    return Next::Refused(Status::invalid_argument(
+                        "the stream ended inside a chunked request; expected chunks adding up \
+                         to its total_bytes",
+                    ))
+                }
+                Ok(None) => return Next::End,
+                Err(status) => return Next::Broken(status),
+            };
+            let Some(chunk) = message.chunk else {
+                if self.assembler.in_progress() {
+                    return Next::Refused(Status::invalid_argument(
+                        "a request arrived inside a chunked request; expected its remaining \
+                         chunks first",
+                    ));
+                }
+                return Next::Request(message);
+            };
+            match self.assembler.push(chunk) {
+                Ok(None) => {}
+                Ok(Some(encoded)) => {
+                    return match chunks::decode::<pb::RunClosuresRequest>(encoded, "a request") {
+                        Ok(request) if request.chunk.is_some() => Next::Refused(
+                            Status::invalid_argument("a chunked request holds another chunk"),
+                        ),
+                        Ok(request) => Next::Request(request),
+                        Err(status) => Next::Refused(status),
+                    }
+                }
+                Err(status) => return Next::Refused(status),
+            }
+        }
+    }
+
+    /// Ends the call with `status` (counted as a rejected request).
+    fn refuse(&mut self, state: &WorkerState, status: Status) {
+        let status = state.stats.reject(status);
+        if let Some(fail) = self.fail.take() {
+            let _ = fail.send(status);
+        }
+    }
 }
 
 /// Queues every closure the client sends. The stream object lives while this task reads
@@ -36,35 +117,43 @@ pub(super) fn serve(
 /// closes and the response stream ends.
 async fn read_requests(
     state: Arc<WorkerState>,
-    mut incoming: Streaming<pb::RunClosuresRequest>,
+    mut requests: Requests,
     sender: ReplySender,
     lease: Arc<Lease>,
 ) {
     // The stream's options come with its first message.
     let first = tokio::select! {
-        message = incoming.message() => message,
+        next = requests.next() => next,
         () = state.queue.drained() => return,
     };
     let first = match first {
-        Ok(Some(first)) => first,
-        Ok(None) => return,
-        Err(status) => {
+        Next::Request(first) => first,
+        Next::Refused(status) => return requests.refuse(&state, status),
+        Next::End => return,
+        Next::Broken(status) => {
             if let Some(invalid) = malformed(&status) {
                 state.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                let _ = sender.send(Outgoing::End(invalid));
+                let _ = sender.send(Outbound::End(invalid));
             }
             return;
         }
+    };
+    // A client that assembles chunks may be answered with results above the message
+    // limit (cut into chunks on the way out); others are refused them.
+    let largest_answer = if first.accepts_chunks {
+        usize::try_from(MAX_CHUNKED_MESSAGE_BYTES).unwrap_or(usize::MAX)
+    } else {
+        state.max_message_bytes
     };
     lease.start(first.lease_ms);
     let stream = Arc::new(ClosureStream::new(
         sender,
         first.halt_on_error,
-        state.max_message_bytes,
+        largest_answer,
         lease,
     ));
     state.queue.open_stream(&stream);
-    read_stream(&state, &stream, first, incoming).await;
+    read_stream(&state, &stream, first, requests).await;
     state.queue.close_stream(&stream);
 }
 
@@ -74,24 +163,24 @@ async fn read_stream(
     state: &WorkerState,
     stream: &Arc<ClosureStream>,
     first: pb::RunClosuresRequest,
-    mut incoming: Streaming<pb::RunClosuresRequest>,
+    mut requests: Requests,
 ) {
     queue_message(state, stream, first);
     loop {
-        let message = tokio::select! {
-            message = incoming.message() => message,
+        let next = tokio::select! {
+            next = requests.next() => next,
             // The client may cancel while sending nothing: stop waiting then.
-            () = stream.abandoned() => Err(Status::cancelled("the client went away")),
+            () = stream.abandoned() => Next::Broken(Status::cancelled("the client went away")),
             // Shutting down: read nothing more, so the stream ends (OK) once what is
             // running has been answered, and the server can stop. Closures the client
             // sends from now on are not answered; it sees the stream end without them.
             () = state.queue.drained() => return,
         };
-        match message {
-            Ok(Some(request)) => queue_message(state, stream, request),
+        match next {
+            Next::Request(request) => queue_message(state, stream, request),
             // A clean half-close: what is queued still runs and is answered.
-            Ok(None) => return,
-            Err(status) => {
+            Next::End => return,
+            Next::Broken(status) => {
                 state
                     .queue
                     .hand_back_stream(stream, "the client cancelled the stream");
@@ -101,6 +190,13 @@ async fn read_stream(
                     state.stats.rejected.fetch_add(1, Ordering::Relaxed);
                     stream.end_with(invalid);
                 }
+                return;
+            }
+            Next::Refused(status) => {
+                state
+                    .queue
+                    .hand_back_stream(stream, "the stream sent a malformed chunk sequence");
+                requests.refuse(state, status);
                 return;
             }
         }

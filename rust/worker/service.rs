@@ -6,11 +6,18 @@ use std::sync::Arc;
 
 use tonic::{Request, Response, Status, Streaming};
 
+use bytes::Bytes;
+use prost::Message;
+
 use super::jobs::{JobReply, JobRequest};
+use super::outgoing::Outgoing;
 use super::reader;
 use super::state::WorkerState;
-use super::stream::Replies;
-use crate::rpc::pb;
+use crate::rpc::chunks;
+use crate::rpc::{pb, PROTOCOL_REVISION, REVISION_HEADER};
+
+/// The unary methods `CallChunked` carries.
+const CHUNKED_METHODS: [&str; 3] = ["RunClosure", "CreateResource", "RegisterFunction"];
 
 fn mismatched() -> Status {
     Status::internal("the worker's executor answered with a reply of the wrong kind (a bug)")
@@ -25,6 +32,50 @@ impl WorkerService {
     /// A service over `state`.
     pub fn new(state: Arc<WorkerState>) -> Self {
         Self { state }
+    }
+}
+
+/// A chunked request decoded; a failure is counted as a rejected request.
+fn decoded<M: Message + Default>(
+    state: &WorkerState,
+    encoded: Bytes,
+    what: &str,
+) -> Result<M, Status> {
+    chunks::decode(encoded, what).map_err(|s| state.stats.reject(s))
+}
+
+impl WorkerService {
+    /// Runs one unary call that came through `CallChunked`: as the unary handler would,
+    /// except that the answer may be of any size (it leaves in chunks).
+    async fn chunked(&self, method: String, encoded: Bytes) -> Result<Bytes, Status> {
+        let state = &self.state;
+        let what = format!("a chunked {method} request");
+        let what = what.as_str();
+        let response = match method.as_str() {
+            "RunClosure" => {
+                let job = state.run_job(decoded(state, encoded, what)?)?;
+                let JobReply::Run(response) = state.submit(job).await? else {
+                    return Err(mismatched());
+                };
+                response.encode_to_vec()
+            }
+            "CreateResource" => {
+                let job = state.create_resource_job(decoded(state, encoded, what)?)?;
+                let JobReply::CreateResource(response) = state.submit(job).await? else {
+                    return Err(mismatched());
+                };
+                response.encode_to_vec()
+            }
+            "RegisterFunction" => state
+                .register(decoded(state, encoded, what)?)?
+                .encode_to_vec(),
+            other => {
+                return Err(state
+                    .stats
+                    .reject(chunks::unknown_method(other, &CHUNKED_METHODS)))
+            }
+        };
+        Ok(Bytes::from(response))
     }
 }
 
@@ -66,16 +117,34 @@ impl pb::worker_server::Worker for WorkerService {
         Ok(Response::new(response))
     }
 
-    type RunClosuresStream = Replies;
+    type RunClosuresStream = Outgoing;
 
     async fn run_closures(
         &self,
         request: Request<Streaming<pb::RunClosuresRequest>>,
     ) -> Result<Response<Self::RunClosuresStream>, Status> {
-        Ok(Response::new(reader::serve(
-            &self.state,
+        let mut response = Response::new(reader::serve(&self.state, request.into_inner()));
+        response
+            .metadata_mut()
+            .insert(REVISION_HEADER, PROTOCOL_REVISION.into());
+        Ok(response)
+    }
+
+    type CallChunkedStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>>;
+
+    async fn call_chunked(
+        &self,
+        request: Request<Streaming<pb::Chunk>>,
+    ) -> Result<Response<Self::CallChunkedStream>, Status> {
+        let state = &self.state;
+        let answer = chunks::serve(
             request.into_inner(),
-        )))
+            state.max_message_bytes,
+            |status| state.stats.reject(status),
+            |method, encoded| self.chunked(method, encoded),
+        )
+        .await?;
+        Ok(Response::new(answer))
     }
 
     async fn create_resource(

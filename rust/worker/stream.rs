@@ -55,7 +55,7 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 /// What goes out on a stream's response: an answer, or a request to send a message now
 /// (a heartbeat) even with no answer due.
 #[derive(Debug)]
-pub(super) enum Outgoing {
+pub(super) enum Outbound {
     Reply(pb::ClosureReply),
     Heartbeat,
     /// End the response with this error (e.g. a request that was not a valid message).
@@ -63,7 +63,7 @@ pub(super) enum Outgoing {
 }
 
 /// The sending half of a stream's answer channel, kept by its [`ClosureStream`].
-pub(super) type ReplySender = mpsc::UnboundedSender<Outgoing>;
+pub(super) type ReplySender = mpsc::UnboundedSender<Outbound>;
 
 /// A new stream's answer channel: the sender its [`ClosureStream`] will own once the
 /// stream's options arrive, the stream's [`Lease`], and the response stream that sends
@@ -206,12 +206,12 @@ impl ClosureStream {
 
     /// Sends a message now (carrying a heartbeat), with or without answers.
     pub(super) fn heartbeat(&self) {
-        let _ = self.replies.send(Outgoing::Heartbeat);
+        let _ = self.replies.send(Outbound::Heartbeat);
     }
 
     /// Ends the response with `status` once what was answered before has gone out.
     pub(super) fn end_with(&self, status: Status) {
-        let _ = self.replies.send(Outgoing::End(status));
+        let _ = self.replies.send(Outbound::End(status));
     }
 
     /// The stream's id, unique in the process: the job queue keys its halted set by it.
@@ -272,7 +272,7 @@ impl ClosureStream {
 
     /// Sends `reply`; a client that went away loses nothing it still wanted.
     pub(super) fn send(&self, reply: pb::ClosureReply) {
-        let _ = self.replies.send(Outgoing::Reply(reply));
+        let _ = self.replies.send(Outbound::Reply(reply));
     }
 
     /// Answers `closure_id` with the status unary `RunClosure` would have failed with.
@@ -309,7 +309,7 @@ impl std::fmt::Debug for ClosureStream {
 /// The response half of a `RunClosures` call: every answer ready when polled, in one
 /// message (up to the size limit).
 pub struct Replies {
-    receiver: mpsc::UnboundedReceiver<Outgoing>,
+    receiver: mpsc::UnboundedReceiver<Outbound>,
     /// An answer that did not fit in the previous message.
     held: Option<pb::ClosureReply>,
     max_message_bytes: usize,
@@ -339,9 +339,9 @@ impl Stream for Replies {
             replies.push(reply);
         } else {
             match self.receiver.poll_recv(cx) {
-                Poll::Ready(Some(Outgoing::Reply(reply))) => replies.push(reply),
-                Poll::Ready(Some(Outgoing::Heartbeat)) => {}
-                Poll::Ready(Some(Outgoing::End(status))) => {
+                Poll::Ready(Some(Outbound::Reply(reply))) => replies.push(reply),
+                Poll::Ready(Some(Outbound::Heartbeat)) => {}
+                Poll::Ready(Some(Outbound::End(status))) => {
                     self.ended = true;
                     return Poll::Ready(Some(Err(status)));
                 }
@@ -356,9 +356,9 @@ impl Stream for Replies {
                 .sum::<usize>();
         while replies.len() < MAX_REPLIES_PER_MESSAGE {
             let reply = match self.receiver.try_recv() {
-                Ok(Outgoing::Reply(reply)) => reply,
-                Ok(Outgoing::Heartbeat) => continue,
-                Ok(Outgoing::End(status)) => {
+                Ok(Outbound::Reply(reply)) => reply,
+                Ok(Outbound::Heartbeat) => continue,
+                Ok(Outbound::End(status)) => {
                     // Sent after what is in this message.
                     self.end = Some(status);
                     break;

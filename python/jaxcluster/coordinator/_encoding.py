@@ -89,14 +89,14 @@ def encode_args(
     _local.context = context
     try:
         try:
-            encoded = wire.fast_encode(value)
+            encoded = wire.fast_encode(value, zero_copy=True)
         except Exception:
             if context.remote_value is not None:
                 raise
             encoded = None  # lambdas, local classes...: wire.encode falls back to cloudpickle
         if encoded is None or context.resources:
             # Placeholders must become persistent ids, which only wire's pickler makes.
-            encoded = wire.encode(value)
+            encoded = wire.encode(value, zero_copy=True)
     except Exception as exc:
         if context.remote_value is not None:
             raise ValueError(_REMOTE_VALUE_MESSAGE) from None

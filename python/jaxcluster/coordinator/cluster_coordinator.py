@@ -229,8 +229,10 @@ class ClusterCoordinator:
         self._addresses = _worker_addresses(resolver)
         self._cluster_resolver = resolver
         self._strategy = None if source is resolver else source
+        from jaxcluster._malloc import keep_freed_memory
         from jaxcluster._native import core
 
+        keep_freed_memory()  # large arrays: no page faults per message (see _malloc)
         warn_if_token_in_clear(self._addresses, token, ca, _log, "workers", stacklevel=2)
         # A logging configuration made just before this applies to the Rust events at once.
         core.refresh_log_levels()

@@ -74,8 +74,11 @@ def _shutdown(server: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs a ps with parsed ``args`` until SIGTERM; returns the exit status."""
+    from jaxcluster._malloc import keep_freed_memory
     from jaxcluster._native import core
     from jaxcluster.metrics import MissingMetricsExtraError, serve_ps
+
+    keep_freed_memory()
 
     try:
         configure_logging(args)

@@ -46,8 +46,10 @@ def client_for(address: str, token: str | None, tls_ca: bytes | None = None) -> 
         client = _clients.get(key)
         if client is None:
             from jaxcluster._auth import warn_if_token_in_clear
+            from jaxcluster._malloc import keep_freed_memory
             from jaxcluster._native import core
 
+            keep_freed_memory()  # ps clients move large arrays too (see _malloc)
             warn_if_token_in_clear([address], token, tls_ca, _log, "ps task")
             client = core.PsClient(
                 address, auth_token=token, timeout=PS_CALL_TIMEOUT, tls_ca=tls_ca

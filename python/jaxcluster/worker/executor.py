@@ -138,7 +138,7 @@ class Executor:
     def _run(self, job: Any) -> None:
         try:
             result = self._call(job)
-            encoded = wire.encode(result)
+            encoded = wire.encode(result, zero_copy=True)
         except _Answered:
             raise
         except Exception as exc:

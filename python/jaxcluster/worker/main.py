@@ -62,6 +62,7 @@ def _install_signal_handlers(server: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Runs a worker with parsed ``args`` until it is shut down; returns the exit status."""
+    from jaxcluster._malloc import keep_freed_memory
     from jaxcluster._native import core
     from jaxcluster.metrics import MissingMetricsExtraError, serve_worker
     from jaxcluster.worker import context
@@ -69,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from jaxcluster.worker.executor import Executor
     from jaxcluster.worker.parent_watch import ParentWatch
 
+    keep_freed_memory()
     try:
         configure_logging(args)
         token, address, index = task_settings(args, job="worker", prog="jaxcluster worker")

@@ -50,7 +50,6 @@ use crate::dispatch::resources::ResourceState;
 use crate::dispatch::result_cell::EncodedValue;
 use crate::dispatch::transport::WorkerTransport;
 use crate::queue::TryGetError;
-use crate::rpc::limits::too_large;
 use crate::rpc::{pb, ClosureChannel, RpcError};
 
 /// What wrapping one closure in a `RunClosuresRequest` adds at most (tag and length).
@@ -237,14 +236,9 @@ impl<T: WorkerTransport> Link<T> {
         let mut size = limit; // forces a first message
         for mut closure in closures {
             let request = closure.request();
-            let needed = request.encoded_len() + REQUEST_FRAMING;
-            if needed > limit {
-                let status = too_large("worker", "the closure's request", needed, limit);
-                let error = RpcError::from(status);
-                let failure = ClosureFailure::from_rpc(&error, self.address());
-                self.finish(closure, Err(failure));
-                continue;
-            }
+            // A closure above the limit goes alone in its message, which the channel sends
+            // in chunks (or refuses, for a worker that cannot assemble them).
+            let needed = (request.encoded_len() + REQUEST_FRAMING).min(limit);
             if size + needed > limit {
                 messages.push(pb::RunClosuresRequest::default());
                 size = 0;

@@ -1,8 +1,8 @@
 //! numpy arrays <-> protocol tensors, for the ps bindings.
 //!
-//! abi3 for Python 3.10 has no buffer protocol, so an array goes out as `tobytes()` (one
-//! copy, which tonic then frames without another) and comes back as a `bytearray` wrapped by
-//! `numpy.frombuffer` (one copy, and the result is writable). `bfloat16` arrays are the
+//! An array goes out as `tobytes()` (one copy, which tonic then frames without another) and
+//! comes back as a `bytearray` wrapped by `numpy.frombuffer` (one copy, and the result is
+//! writable, as a variable's value read by the user should be). `bfloat16` arrays are the
 //! `ml_dtypes` type JAX uses.
 
 use bytes::Bytes;

@@ -1,0 +1,348 @@
+//! Messages above the size limit as sequences of [`pb::Chunk`]s (protocol revision 4).
+//!
+//! A gRPC message is bounded (64 MiB by default, 4 GiB by the frame format), so a large
+//! value travels as the encoding of its message cut into chunks: inside a `RunClosures`
+//! stream, and through `CallChunked` for the unary calls of the worker and ps services.
+//! The receiver appends the chunks and decodes the whole, so the limit bounds one HTTP/2
+//! message and never a value. Chunks are a few MiB: small enough that the receiver copies
+//! one while the next is in flight, large enough that per-message costs vanish.
+//!
+//! What a chunk sequence may claim is checked before anything is allocated for it: a total
+//! above [`MAX_CHUNKED_MESSAGE_BYTES`] is `RESOURCE_EXHAUSTED`, every inconsistency
+//! `INVALID_ARGUMENT`, and the connection keeps serving.
+
+use std::future::Future;
+
+use bytes::{Bytes, BytesMut};
+use prost::Message;
+use tokio_stream::{Stream, StreamExt};
+use tonic::Status;
+
+use super::pb;
+
+/// Largest message a chunk sequence may assemble: 16 GiB, far above any value a closure
+/// should move, low enough that a corrupt size cannot ask for absurd memory.
+pub const MAX_CHUNKED_MESSAGE_BYTES: u64 = 16 << 30;
+
+/// Data carried by one chunk at most.
+pub const CHUNK_BYTES: usize = 4 << 20;
+
+/// Memory reserved up front for a sequence; beyond it the buffer grows with the data that
+/// actually arrives, so a sequence that announces much and sends little costs little.
+const INITIAL_RESERVE: usize = 64 << 20;
+
+/// The chunk size for a peer that accepts messages up to `max_message_bytes`: a chunk
+/// message (data plus a few bytes of framing) always fits.
+pub fn chunk_bytes(max_message_bytes: usize) -> usize {
+    CHUNK_BYTES.min(max_message_bytes / 2).max(1)
+}
+
+/// `encoded` cut into chunks for a peer accepting `max_message_bytes`; the first chunk
+/// names `method` (empty inside a stream). The chunks share `encoded`'s memory.
+pub fn split(encoded: &Bytes, max_message_bytes: usize, method: &str) -> Vec<pb::Chunk> {
+    let size = chunk_bytes(max_message_bytes);
+    let total = encoded.len();
+    let mut chunks = Vec::with_capacity(total / size + 1);
+    let mut offset = 0;
+    loop {
+        let end = (offset + size).min(total);
+        let first = offset == 0;
+        chunks.push(pb::Chunk {
+            total_bytes: first.then_some(total as u64),
+            data: encoded.slice(offset..end),
+            method: if first {
+                method.to_owned()
+            } else {
+                String::new()
+            },
+        });
+        offset = end;
+        if offset >= total {
+            return chunks;
+        }
+    }
+}
+
+/// `message` encoded and cut into chunks (see [`split`]).
+pub fn split_message<M: Message>(
+    message: &M,
+    max_message_bytes: usize,
+    method: &str,
+) -> Vec<pb::Chunk> {
+    split(
+        &Bytes::from(message.encode_to_vec()),
+        max_message_bytes,
+        method,
+    )
+}
+
+/// Decodes an assembled message; `what` names it in the error.
+pub fn decode<M: Message + Default>(encoded: Bytes, what: &str) -> Result<M, Status> {
+    let size = encoded.len();
+    M::decode(encoded).map_err(|e| {
+        Status::invalid_argument(format!(
+            "the chunks of {what} ({size} bytes) do not decode as one message: {e}; expected \
+             the chunks of one encoded message, in order"
+        ))
+    })
+}
+
+/// Appends the chunks of one message at a time and hands out each message's encoding once
+/// its last chunk is in.
+#[derive(Debug)]
+pub struct Assembler {
+    buffer: BytesMut,
+    /// Size of the message being assembled; `None` between messages.
+    total: Option<usize>,
+    limit: u64,
+}
+
+impl Default for Assembler {
+    fn default() -> Self {
+        Self::new(MAX_CHUNKED_MESSAGE_BYTES)
+    }
+}
+
+impl Assembler {
+    /// An assembler refusing messages above `limit` bytes.
+    pub fn new(limit: u64) -> Self {
+        Self {
+            buffer: BytesMut::new(),
+            total: None,
+            limit,
+        }
+    }
+
+    /// Whether a message has begun and is not complete yet.
+    pub fn in_progress(&self) -> bool {
+        self.total.is_some()
+    }
+
+    /// Adds `chunk`; returns the message's encoding once `chunk` completes it.
+    pub fn push(&mut self, chunk: pb::Chunk) -> Result<Option<Bytes>, Status> {
+        let total = match (chunk.total_bytes, self.total) {
+            (Some(_), Some(total)) => {
+                return Err(Status::invalid_argument(format!(
+                    "a chunk sequence began before the previous one was complete ({} of {total} \
+                     bytes received); expected the remaining chunks of the previous message \
+                     first",
+                    self.buffer.len()
+                )))
+            }
+            (None, None) => {
+                return Err(Status::invalid_argument(format!(
+                    "a continuation chunk ({} bytes) arrived with no chunk sequence begun; \
+                     expected a first chunk carrying total_bytes",
+                    chunk.data.len()
+                )))
+            }
+            (Some(total), None) => {
+                if total > self.limit {
+                    return Err(Status::resource_exhausted(format!(
+                        "a chunked message of {total} bytes is above the limit of {} bytes; \
+                         send smaller values",
+                        self.limit
+                    )));
+                }
+                // Below the limit, which fits in usize on every platform this runs on.
+                let total = usize::try_from(total).unwrap_or(usize::MAX);
+                if chunk.data.len() == total {
+                    return Ok(Some(chunk.data)); // one chunk: nothing to copy
+                }
+                self.total = Some(total);
+                self.buffer = BytesMut::with_capacity(total.min(INITIAL_RESERVE));
+                total
+            }
+            (None, Some(total)) => total,
+        };
+        let received = self.buffer.len() + chunk.data.len();
+        if received > total {
+            self.reset();
+            return Err(Status::invalid_argument(format!(
+                "chunks carry {received} bytes or more for a message announced as {total} \
+                 bytes; expected exactly total_bytes"
+            )));
+        }
+        self.buffer.extend_from_slice(&chunk.data);
+        if received < total {
+            return Ok(None);
+        }
+        self.total = None;
+        Ok(Some(std::mem::take(&mut self.buffer).freeze()))
+    }
+
+    fn reset(&mut self) {
+        self.total = None;
+        self.buffer = BytesMut::new();
+    }
+}
+
+/// Reads a whole chunked message from `incoming`, which must hold exactly one; returns the
+/// method its first chunk names and its encoding. A stream that ends early or errors is
+/// refused with its status.
+pub async fn read_message<S>(mut incoming: S) -> Result<(String, Bytes), Status>
+where
+    S: Stream<Item = Result<pb::Chunk, Status>> + Unpin,
+{
+    let mut assembler = Assembler::default();
+    let mut method = None;
+    while let Some(chunk) = incoming.next().await {
+        let chunk = chunk?;
+        if method.is_none() {
+            method = Some(chunk.method.clone());
+        }
+        if let Some(encoded) = assembler.push(chunk)? {
+            return Ok((method.unwrap_or_default(), encoded));
+        }
+    }
+    Err(Status::invalid_argument(if assembler.in_progress() {
+        "the chunk stream ended before its message was complete; expected chunks adding up \
+         to total_bytes"
+    } else {
+        "the chunk stream ended without a chunk; expected one message's chunks"
+    }))
+}
+
+/// The answer stream of a `CallChunked` call: `response`'s encoding in chunks.
+pub fn answer<M: Message>(
+    response: &M,
+    max_message_bytes: usize,
+) -> tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>> {
+    let chunks: Vec<_> = split_message(response, max_message_bytes, "")
+        .into_iter()
+        .map(Ok)
+        .collect();
+    tokio_stream::iter(chunks)
+}
+
+/// Serves one `CallChunked` call: reads the request, lets `handle` answer it (by method
+/// name and encoding; it decodes with [`decode`] and runs the unary handler's code) and
+/// returns the answer's chunks. `refused` sees every refusal of the request itself (to
+/// count it).
+pub async fn serve<S, F, Fut, R>(
+    incoming: S,
+    max_message_bytes: usize,
+    refused: R,
+    handle: F,
+) -> Result<tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>>, Status>
+where
+    S: Stream<Item = Result<pb::Chunk, Status>> + Unpin,
+    F: FnOnce(String, Bytes) -> Fut,
+    Fut: Future<Output = Result<Bytes, Status>>,
+    R: FnOnce(Status) -> Status,
+{
+    let (method, encoded) = read_message(incoming).await.map_err(refused)?;
+    let response = handle(method, encoded).await?;
+    let chunks: Vec<_> = split(&response, max_message_bytes, "")
+        .into_iter()
+        .map(Ok)
+        .collect();
+    Ok(tokio_stream::iter(chunks))
+}
+
+/// The `UNIMPLEMENTED` answer for a method `CallChunked` does not carry.
+pub fn unknown_method(method: &str, known: &[&str]) -> Status {
+    Status::unimplemented(format!(
+        "CallChunked does not carry method {method:?}; expected one of {known:?}"
+    ))
+}
+
+/// The status a client reports when a peer of revision 3 or older (which has no
+/// `CallChunked`) was sent a request above the size limit.
+pub fn needs_revision_4(kind: &str, method: &str, size: usize, limit: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "the {method} request is {size} bytes, above the message limit of {limit} bytes, and \
+         this {kind} speaks a protocol revision older than 4, which cannot take it in chunks; \
+         upgrade the {kind} (jaxcluster >= the coordinator's version) or send smaller values"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(total: Option<u64>, data: &'static [u8]) -> pb::Chunk {
+        pb::Chunk {
+            total_bytes: total,
+            data: Bytes::from_static(data),
+            method: String::new(),
+        }
+    }
+
+    #[test]
+    fn split_and_assemble_round_trip_at_the_boundaries() {
+        let limit = 64; // chunks of 32 bytes
+        for size in [0_usize, 1, 31, 32, 33, 64, 65, 1000] {
+            let encoded: Bytes = (0..size)
+                .map(|i| (i % 251) as u8)
+                .collect::<Vec<_>>()
+                .into();
+            let chunks = split(&encoded, limit, "M");
+            assert_eq!(chunks.len(), size.div_ceil(32).max(1), "{size}");
+            assert_eq!(chunks[0].method, "M");
+            assert!(chunks.iter().all(|c| c.data.len() <= 32));
+            let mut assembler = Assembler::default();
+            let mut done = None;
+            for (i, c) in chunks.into_iter().enumerate() {
+                assert!(
+                    done.is_none(),
+                    "completed early at chunk {i} of size {size}"
+                );
+                done = assembler.push(c).unwrap();
+            }
+            assert_eq!(done.unwrap(), encoded, "{size}");
+            assert!(!assembler.in_progress());
+        }
+    }
+
+    #[test]
+    fn malformed_sequences_are_refused_and_the_assembler_recovers() {
+        let mut a = Assembler::default();
+        let e = a.push(chunk(None, b"xy")).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(
+            e.message().contains("no chunk sequence begun"),
+            "{}",
+            e.message()
+        );
+
+        assert!(a.push(chunk(Some(4), b"ab")).unwrap().is_none());
+        let e = a.push(chunk(Some(4), b"cd")).unwrap_err();
+        assert!(e.message().contains("2 of 4 bytes"), "{}", e.message());
+
+        let mut a = Assembler::default();
+        assert!(a.push(chunk(Some(4), b"ab")).unwrap().is_none());
+        let e = a.push(chunk(None, b"cde")).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("announced as 4"), "{}", e.message());
+        // A fresh sequence works after the refusal.
+        assert_eq!(a.push(chunk(Some(2), b"ok")).unwrap().unwrap(), "ok");
+    }
+
+    #[test]
+    fn oversized_totals_are_refused_before_allocating() {
+        let mut a = Assembler::new(10);
+        let e = a.push(chunk(Some(11), b"")).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+        assert!(e.message().contains("11 bytes"), "{}", e.message());
+        let mut a = Assembler::default();
+        let e = a.push(chunk(Some(u64::MAX), b"")).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::ResourceExhausted);
+    }
+
+    #[test]
+    fn chunks_of_a_message_decode_back() {
+        let value = pb::Value {
+            pickle: Bytes::from_static(b"\x80\x05N."),
+            buffers: vec![Bytes::from(vec![7u8; 1000])],
+        };
+        let chunks = split_message(&value, 100, "");
+        assert!(chunks.len() > 10);
+        let mut a = Assembler::default();
+        let encoded = chunks.into_iter().find_map(|c| a.push(c).unwrap()).unwrap();
+        let back: pb::Value = decode(encoded, "a value").unwrap();
+        assert_eq!(back, value);
+        let e = decode::<pb::Value>(Bytes::from_static(b"\xff\xff"), "a value").unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    }
+}
