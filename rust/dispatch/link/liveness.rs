@@ -199,6 +199,12 @@ impl<T: WorkerTransport> Link<T> {
             }
             match self.shared.queue.get(Some(self.tag()), Some(left)) {
                 None => return !*self.stop.borrow(),
+                // Another link reached its worker meanwhile: the cluster is usable again,
+                // so this closure goes back for that link (and this one probes again).
+                Some(Work::Closure(closure)) if self.shared.unreachable().is_none() => {
+                    self.requeue(closure);
+                    return !*self.stop.borrow();
+                }
                 Some(Work::Closure(closure)) => {
                     let text = format!("closure {} could not run: {message}", closure.id());
                     let failure =

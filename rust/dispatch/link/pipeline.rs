@@ -214,7 +214,7 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Re-queues a closure this link took but did not send (not a retry).
-    fn requeue(&self, closure: Closure) {
+    pub(super) fn requeue(&self, closure: Closure) {
         let verdict = self.shared.queue.put_back(Work::Closure(closure));
         debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
     }
