@@ -154,6 +154,12 @@ impl PyWorkerServer {
     fn shutdown(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         self.inner.begin_shutdown();
         let idle = self.wait_idle(py, timeout)?;
+        if let Some(logging) = self.inner.take_drain_log() {
+            // Bounded: a log line is not worth holding up a shutdown for.
+            let _ = block_detached(py, async {
+                tokio::time::timeout(std::time::Duration::from_secs(1), logging).await
+            })?;
+        }
         if let Some(task) = self.inner.stop_serving() {
             if let Some(e) = finish_serving(py, task)? {
                 return Err(worker_error(WorkerError::Serve(e.to_string())));

@@ -131,6 +131,9 @@ pub struct WorkerServer {
     serving: Serving,
     local_addr: SocketAddr,
     state: Arc<WorkerState>,
+    /// The task logging that draining began, so a shutdown can let it finish before the
+    /// process exits (it needs the GIL, which the caller holds while the drain begins).
+    drain_log: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl From<BindError> for WorkerError {
@@ -197,6 +200,7 @@ impl WorkerServer {
             serving: Serving::spawn(router, listener, &limits, connections),
             local_addr,
             state,
+            drain_log: std::sync::Mutex::new(None),
         })
     }
 
@@ -227,7 +231,7 @@ impl WorkerServer {
         let index = self.state.worker_index;
         let address = self.local_addr;
         if let Ok(runtime) = crate::runtime::runtime() {
-            runtime.spawn(async move {
+            let task = runtime.spawn(async move {
                 tracing::info!(
                     target: crate::log_target::WORKER,
                     "worker {index} on {address} is draining: new closures are refused \
@@ -235,8 +239,21 @@ impl WorkerServer {
                      back, {inflight} running to finish",
                 );
             });
+            *self
+                .drain_log
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
         }
         true
+    }
+
+    /// The task logging that draining began, once (see [`Self::begin_shutdown`]): await it
+    /// without the GIL before the process may exit, or the line can be lost.
+    pub fn take_drain_log(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.drain_log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// Whether shutdown has begun.
