@@ -266,6 +266,12 @@ class WorkerJob:
         """The resource to create (``create_resource`` jobs)."""
 
     @property
+    def worker_index(self) -> int | None:
+        """The coordinator's index for this worker (``run`` and ``create_resource`` jobs a
+        coordinator sent): what ``get_current_worker_index()`` returns meanwhile. ``None``
+        when the caller sent none (the worker's own ``--index`` then)."""
+
+    @property
     def resource_ids(self) -> list[int]:
         """The resources to drop (``release_resource`` jobs)."""
 
@@ -716,8 +722,8 @@ class Dispatcher:
         ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
         failed on an unreachable ps task, retried or not), ``functions_registered`` (payloads
         sent to workers); ``workers`` (per worker ``index``, ``address``, ``state``
-        ``'up'`` | ``'recovering'`` | ``'given_up'``, ``in_state_seconds``, ``last_error``
-        and this dispatcher's counts on it: ``completed``, ``failed``, ``retried``,
+        ``'up'`` | ``'recovering'`` | ``'given_up'`` | ``'removed'``, ``in_state_seconds``,
+        ``last_error`` and this dispatcher's counts on it: ``completed``, ``failed``, ``retried``,
         ``failures``); ``latency``: schedule-to-result seconds as
         ``{"bounds", "counts", "count", "sum", "max", "p50", "p99"}`` (``counts`` has one
         more entry than ``bounds``, for larger values; quantiles are bucket upper bounds,
@@ -732,6 +738,19 @@ class Dispatcher:
         ``'serving'``/``'draining'`` as ``serving_state``, its own last closure error as
         ``worker_last_error``), how old that answer is (``status_age_seconds``) and, while
         up, ``uptime_seconds`` carried forward to now."""
+
+    def add_workers(self, addresses: list[str]) -> list[int]:
+        """Adds workers while closures run; returns their indices (the next free ones:
+        indices are never reused). Returns at once: each connects in the background, builds
+        every live per-worker resource, then takes closures. ``InvalidArgumentError`` for an
+        address that is not ``HOST:PORT``; ``RuntimeError`` after :meth:`shutdown`."""
+
+    def remove_workers(self, indices: list[int]) -> None:
+        """Removes workers and returns once each has left (GIL released): it takes no new
+        closure, what it runs and has queued finishes (a closure whose result does not
+        arrive runs elsewhere), its per-worker resources are released there, and its state
+        becomes ``removed``. ``ValueError`` (nothing removed) for an unknown or removed
+        index, or when no worker able to run closures would remain."""
 
     def refresh_statuses(self, max_age: float = 1.0, timeout: float = 1.0) -> int:
         """Asks every ``up`` worker whose last ``GetStatus`` is older than ``max_age``

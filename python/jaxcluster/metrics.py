@@ -32,7 +32,7 @@ __all__ = [
 #: What installs the optional dependency.
 PIP_LINE = "pip install 'jaxcluster[metrics]'"
 
-_STATES = ("up", "recovering", "given_up")
+_STATES = ("up", "recovering", "given_up", "removed")
 
 
 class MissingMetricsExtraError(ImportError):
@@ -166,7 +166,8 @@ class _CoordinatorCollector:
         )
         state = core.GaugeMetricFamily(
             "jaxcluster_worker_state",
-            "1 for the worker's current state (up, recovering, given_up), 0 for the others.",
+            "1 for the worker's current state (up, recovering, given_up, removed), 0 for the "
+            "others.",
             labels=[*labels, "state"],
         )
         closures = core.CounterMetricFamily(

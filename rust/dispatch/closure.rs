@@ -67,8 +67,9 @@ impl Closure {
         self.cell.scheduled_at()
     }
 
-    /// The `RunClosure` request for one attempt (cheap: every field is reference-counted).
-    pub(crate) fn request(&self) -> pb::RunClosureRequest {
+    /// The `RunClosure` request for one attempt on worker `worker` (cheap: every field is
+    /// reference-counted).
+    pub(crate) fn request(&self, worker: usize) -> pb::RunClosureRequest {
         let args = if self.args.pickle.is_empty() && self.args.buffers.is_empty() {
             None
         } else {
@@ -81,6 +82,7 @@ impl Closure {
             function_hash: self.function.hash_bytes(),
             args,
             closure_id: self.id(),
+            worker_index: i64::try_from(worker).ok(),
         }
     }
 
@@ -128,6 +130,9 @@ pub(crate) enum Work {
     },
     /// Drop `resource_id` on the tagged worker.
     ReleaseResource { resource_id: u64 },
+    /// The tagged worker is being removed: its link drains and leaves (tagged work is
+    /// taken before closures, so this wakes a link waiting for work at once).
+    Retire,
 }
 
 impl Cancel for Work {
@@ -140,7 +145,7 @@ impl Cancel for Work {
                 }
             }
             // The worker process goes with the dispatcher's cluster; nothing to undo.
-            Self::ReleaseResource { .. } => {}
+            Self::ReleaseResource { .. } | Self::Retire => {}
         }
     }
 }

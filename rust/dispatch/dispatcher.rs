@@ -1,9 +1,10 @@
 //! [`Dispatcher`]: the public face of the dispatcher and the state its links share.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -58,12 +59,14 @@ pub(crate) struct Shared {
     pub counters: Counters,
     pub latency: Histogram,
     pub cancel: Arc<CancelContext>,
-    /// One per worker, by index.
-    pub links: Vec<LinkStatus>,
+    /// One per worker, by index; only ever appended to (a removed worker keeps its index,
+    /// `removed`). Each link holds its own `Arc`, so the lock is off the per-closure path.
+    pub links: RwLock<Vec<Arc<LinkStatus>>>,
     /// `true` once shutdown began; every in-flight RPC and sleep of the links ends.
     pub stop: watch::Sender<bool>,
-    /// How many links have given up.
-    pub given_up: watch::Sender<usize>,
+    /// Bumped whenever the set of workers in service changes (one gave up, left or
+    /// joined), so given-up links re-check whether every worker is out of service.
+    pub membership: watch::Sender<u64>,
     /// What links tell each other so that pipelining stays work-conserving: idle links,
     /// closures outstanding per link, reclaim requests, a pending `cancel_all` failure.
     pub balance: Balance,
@@ -76,6 +79,43 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Every link's status, by index.
+    pub fn link_statuses(&self) -> Vec<Arc<LinkStatus>> {
+        self.links
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Link `index`'s status.
+    pub fn link(&self, index: usize) -> Option<Arc<LinkStatus>> {
+        self.links
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(index)
+            .cloned()
+    }
+
+    /// How many links there are (removed ones included: indices are never reused).
+    pub fn num_links(&self) -> usize {
+        self.links
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether no worker can take closures any more: every one was given up or removed.
+    pub fn all_out_of_service(&self) -> bool {
+        self.link_statuses()
+            .iter()
+            .all(|link| link.state().is_out_of_service())
+    }
+
+    /// Tells given-up links that the set of workers in service changed.
+    pub fn membership_changed(&self) {
+        self.membership.send_modify(|generation| *generation += 1);
+    }
+
     /// The error of a cluster none of whose workers was reached within `connect_timeout`,
     /// naming every worker and its last error; `None` while that is not the case.
     pub fn unreachable(&self) -> Option<String> {
@@ -84,7 +124,7 @@ impl Shared {
             return None;
         }
         let workers: Vec<String> = self
-            .links
+            .link_statuses()
             .iter()
             .map(|link| {
                 let snapshot = link.snapshot();
@@ -112,7 +152,10 @@ impl Shared {
     /// after anything queued for that worker before it).
     pub fn send_releases(&self, id: u64, holders: &[usize]) {
         for &worker in holders {
-            if self.links[worker].state() == LinkState::GivenUp {
+            if self
+                .link(worker)
+                .map_or(true, |link| link.state().is_out_of_service())
+            {
                 continue;
             }
             let release = Work::ReleaseResource { resource_id: id };
@@ -173,9 +216,13 @@ pub struct MetricsSnapshot {
 /// ```
 pub struct Dispatcher {
     shared: Arc<Shared>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Each running link's thread, by worker index.
+    threads: Mutex<HashMap<usize, JoinHandle<()>>>,
     /// Each link's transport, shared with the link, for [`Dispatcher::refresh_statuses`].
-    probes: Vec<Arc<dyn StatusProbe>>,
+    probes: Mutex<Vec<Arc<dyn StatusProbe>>>,
+    /// Held while workers join or leave, and while a per-worker resource is created, so a
+    /// new worker gets every resource exactly once and indices match across the tables.
+    membership: Mutex<()>,
 }
 
 impl Dispatcher {
@@ -192,53 +239,170 @@ impl Dispatcher {
                     .to_owned(),
             ));
         }
-        let runtime = crate::runtime::runtime()?.handle().clone();
-        let links = transports
-            .iter()
-            .enumerate()
-            .map(|(index, transport)| LinkStatus::new(index, transport.address().to_owned()))
-            .collect();
         let shared = Arc::new(Shared {
             queue: ClosureQueue::new(config.max_queue_size),
             ps_failures: PsFailures::new(config.transient_ps_failures),
-            balance: Balance::new(transports.len()),
+            balance: Balance::new(),
             config,
             functions: FunctionRegistry::default(),
             resources: ResourceRegistry::default(),
             counters: Counters::default(),
             latency: Histogram::default(),
             cancel: Arc::new(CancelContext::default()),
-            links,
+            links: RwLock::new(Vec::new()),
             stop: watch::Sender::new(false),
-            given_up: watch::Sender::new(0),
+            membership: watch::Sender::new(0),
             started: Instant::now(),
             reached: AtomicBool::new(false),
         });
-        let transports: Vec<Arc<T>> = transports.into_iter().map(Arc::new).collect();
         let dispatcher = Self {
-            shared: Arc::clone(&shared),
-            threads: Mutex::new(Vec::new()),
-            probes: transports
-                .iter()
-                .map(|transport| Arc::clone(transport) as Arc<dyn StatusProbe>)
-                .collect(),
+            shared,
+            threads: Mutex::new(HashMap::new()),
+            probes: Mutex::new(Vec::new()),
+            membership: Mutex::new(()),
         };
-        for (index, transport) in transports.into_iter().enumerate() {
-            let link = Link::new(index, transport, Arc::clone(&shared), runtime.clone());
+        // Dropping `dispatcher` on an error stops the links already started.
+        dispatcher.start_links(transports)?;
+        Ok(dispatcher)
+    }
+
+    /// Starts one link per transport, with the next free indices (returned). A link
+    /// starts `recovering`; the per-worker resources alive now are queued for its worker
+    /// ahead of any closure.
+    fn start_links<T: WorkerTransport>(
+        &self,
+        transports: Vec<T>,
+    ) -> Result<Vec<usize>, DispatchError> {
+        let runtime = crate::runtime::runtime()?.handle().clone();
+        let _membership = self.lock_membership();
+        let resources = self.shared.resources.live();
+        let mut indices = Vec::with_capacity(transports.len());
+        for transport in transports {
+            let transport = Arc::new(transport);
+            let status = {
+                let mut links = self
+                    .shared
+                    .links
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let status = Arc::new(LinkStatus::new(links.len(), transport.address().to_owned()));
+                links.push(Arc::clone(&status));
+                status
+            };
+            let index = status.index();
+            self.lock_probes()
+                .push(Arc::clone(&transport) as Arc<dyn StatusProbe>);
+            for resource in &resources {
+                if resource.add_worker(index) {
+                    let work = Work::CreateResource {
+                        resource: Arc::downgrade(resource),
+                        worker: index,
+                    };
+                    if let Err(refused) = self.shared.queue.try_put(work, Some(index as Tag)) {
+                        crate::queue::Cancel::cancel(refused.into_inner());
+                    }
+                }
+            }
+            let slot = self.shared.balance.add_link();
+            let link = Link::new(
+                transport,
+                Arc::clone(&self.shared),
+                runtime.clone(),
+                status,
+                slot,
+            );
             let thread = std::thread::Builder::new()
                 .name(format!("jaxcluster-link-{index}"))
                 .spawn(move || link.run())
                 .map_err(|e| {
                     DispatchError::Internal(format!("could not start a link thread: {e}"))
-                })?; // dropping `dispatcher` here stops the links already started
-            dispatcher.lock_threads().push(thread);
+                })?;
+            self.lock_threads().insert(index, thread);
+            indices.push(index);
         }
-        Ok(dispatcher)
+        self.shared.membership_changed();
+        Ok(indices)
     }
 
-    /// How many workers (links) there are.
+    /// Adds workers while closures run (elastic clusters): each gets the next index (an
+    /// index is never reused), connects in the background like the first ones, builds
+    /// every live per-worker resource, then takes closures. Returns the new indices.
+    pub fn add_workers<T: WorkerTransport>(
+        &self,
+        transports: Vec<T>,
+    ) -> Result<Vec<usize>, DispatchError> {
+        if self.is_shut_down() {
+            return Err(DispatchError::Stopped);
+        }
+        self.start_links(transports)
+    }
+
+    /// Removes workers `indices` and waits until each has left: a worker's link stops
+    /// taking closures, lets what its worker is running (and has queued) finish and
+    /// collects the results — a worker that is down has already given its closures back —
+    /// releases the worker's per-worker resources, and ends. Nothing is lost: a closure
+    /// whose result does not arrive runs elsewhere. Refused (nothing removed) for an
+    /// unknown or already removed index, or if no worker able to run closures would
+    /// remain.
+    pub fn remove_workers(&self, indices: &[usize]) -> Result<(), DispatchError> {
+        let leaving = {
+            let _membership = self.lock_membership();
+            let links = self.shared.link_statuses();
+            let mut leaving: Vec<usize> = Vec::with_capacity(indices.len());
+            for &index in indices {
+                let Some(link) = links.get(index) else {
+                    return Err(DispatchError::InvalidArgument(format!(
+                        "remove_workers(): there is no worker {index}; the indices are 0 to {}",
+                        links.len().saturating_sub(1)
+                    )));
+                };
+                if link.is_retiring() || link.state() == LinkState::Removed {
+                    return Err(DispatchError::InvalidArgument(format!(
+                        "remove_workers(): worker {index} ({}) was already removed",
+                        link.address()
+                    )));
+                }
+                if !leaving.contains(&index) {
+                    leaving.push(index);
+                }
+            }
+            let remaining = links
+                .iter()
+                .filter(|link| {
+                    !leaving.contains(&link.index())
+                        && !link.is_retiring()
+                        && !link.state().is_out_of_service()
+                })
+                .count();
+            if remaining == 0 {
+                return Err(DispatchError::InvalidArgument(format!(
+                    "remove_workers(): removing workers {leaving:?} would leave no worker able \
+                     to run closures; add workers first (add_workers) or shut the \
+                     coordinator down"
+                )));
+            }
+            for &index in &leaving {
+                links[index].begin_retiring();
+                // Wakes the link if it waits for work; served before any closure.
+                let _ = self.shared.queue.try_put(Work::Retire, Some(index as Tag));
+            }
+            leaving
+        };
+        for index in leaving {
+            let thread = self.lock_threads().remove(&index);
+            if let Some(thread) = thread {
+                // A link that panicked has nothing left to clean up.
+                let _ = thread.join();
+            }
+        }
+        self.shared.membership_changed();
+        Ok(())
+    }
+
+    /// How many workers (links) there are, removed ones included: worker indices run
+    /// from 0 to this, and are never reused.
     pub fn num_workers(&self) -> usize {
-        self.shared.links.len()
+        self.shared.num_links()
     }
 
     /// The configuration in use.
@@ -385,6 +549,7 @@ impl Dispatcher {
         if self.is_shut_down() {
             return Err(DispatchError::Stopped);
         }
+        let _membership = self.lock_membership();
         let workers = self.num_workers();
         let inner = Arc::new(ResourceInner::new(
             NEXT_RESOURCE_ID.fetch_add(1, Ordering::Relaxed),
@@ -394,8 +559,8 @@ impl Dispatcher {
             Arc::downgrade(&self.shared),
         ));
         self.shared.resources.insert(&inner);
-        for worker in 0..workers {
-            if self.shared.links[worker].state() == LinkState::GivenUp {
+        for (worker, link) in self.shared.link_statuses().iter().enumerate() {
+            if link.state().is_out_of_service() || link.is_retiring() {
                 inner.set_state(worker, ResourceState::Aborted);
                 continue;
             }
@@ -407,7 +572,7 @@ impl Dispatcher {
                 crate::queue::Cancel::cancel(refused.into_inner());
             }
         }
-        Ok(PerWorkerResource::new(inner, workers))
+        Ok(PerWorkerResource::new(inner))
     }
 
     /// Waits per `policy` until nothing is queued or running: `Ok(true)`, `Ok(false)` when
@@ -461,7 +626,11 @@ impl Dispatcher {
 
     /// Each worker's address, state, last error and last `GetStatus` answer.
     pub fn worker_statuses(&self) -> Vec<WorkerSnapshot> {
-        self.shared.links.iter().map(LinkStatus::snapshot).collect()
+        self.shared
+            .link_statuses()
+            .iter()
+            .map(|link| link.snapshot())
+            .collect()
     }
 
     /// Asks every `up` worker whose last `GetStatus` answer is older than `max_age` for a
@@ -477,7 +646,7 @@ impl Dispatcher {
     pub fn refresh_statuses(&self, max_age: Duration, timeout: Duration) -> usize {
         let stale: Vec<usize> = self
             .shared
-            .links
+            .link_statuses()
             .iter()
             .enumerate()
             .filter(|(_, link)| {
@@ -493,10 +662,13 @@ impl Dispatcher {
             return 0;
         };
         let shared = Arc::clone(&self.shared);
-        let probes: Vec<(usize, Arc<dyn StatusProbe>)> = stale
-            .into_iter()
-            .map(|index| (index, Arc::clone(&self.probes[index])))
-            .collect();
+        let probes: Vec<(usize, Arc<dyn StatusProbe>)> = {
+            let all = self.lock_probes();
+            stale
+                .into_iter()
+                .filter_map(|index| Some((index, Arc::clone(all.get(index)?))))
+                .collect()
+        };
         runtime.block_on(async move {
             let mut calls = tokio::task::JoinSet::new();
             for (index, probe) in probes {
@@ -505,7 +677,9 @@ impl Dispatcher {
             let mut answered = 0;
             while let Some(joined) = calls.join_next().await {
                 if let Ok((index, Ok(status))) = joined {
-                    shared.links[index].record_status(status);
+                    if let Some(link) = shared.link(index) {
+                        link.record_status(status);
+                    }
                     answered += 1;
                 }
             }
@@ -520,7 +694,7 @@ impl Dispatcher {
         self.shared.stop.send_replace(true);
         self.shared.queue.stop();
         let threads = std::mem::take(&mut *self.lock_threads());
-        for thread in threads {
+        for thread in threads.into_values() {
             // A link that panicked has nothing left to clean up; the others are unaffected.
             let _ = thread.join();
         }
@@ -531,8 +705,18 @@ impl Dispatcher {
         *self.shared.stop.borrow()
     }
 
-    fn lock_threads(&self) -> std::sync::MutexGuard<'_, Vec<JoinHandle<()>>> {
+    fn lock_threads(&self) -> MutexGuard<'_, HashMap<usize, JoinHandle<()>>> {
         self.threads.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_probes(&self) -> MutexGuard<'_, Vec<Arc<dyn StatusProbe>>> {
+        self.probes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_membership(&self) -> MutexGuard<'_, ()> {
+        self.membership
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 

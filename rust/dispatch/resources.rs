@@ -137,6 +137,25 @@ impl ResourceInner {
         };
     }
 
+    /// A worker joined with index `worker`: the resource is to be built there. `false`
+    /// if it was released (nothing to build).
+    pub fn add_worker(&self, worker: usize) -> bool {
+        let mut states = self.states();
+        if self.is_released() {
+            return false;
+        }
+        if states.len() <= worker {
+            states.resize(worker + 1, ResourceState::Aborted);
+        }
+        states[worker] = ResourceState::Pending;
+        true
+    }
+
+    /// How many workers the resource has a state for.
+    pub fn num_workers(&self) -> usize {
+        self.states().len()
+    }
+
     /// Whether the resource was lost on `worker` for good.
     pub fn is_lost(&self, worker: usize) -> bool {
         matches!(self.state(worker), ResourceState::Lost(_))
@@ -219,12 +238,11 @@ impl std::fmt::Debug for ResourceInner {
 #[derive(Debug, Clone)]
 pub struct PerWorkerResource {
     pub(crate) inner: Arc<ResourceInner>,
-    workers: usize,
 }
 
 impl PerWorkerResource {
-    pub(crate) fn new(inner: Arc<ResourceInner>, workers: usize) -> Self {
-        Self { inner, workers }
+    pub(crate) fn new(inner: Arc<ResourceInner>) -> Self {
+        Self { inner }
     }
 
     /// The id workers know this resource by.
@@ -232,9 +250,9 @@ impl PerWorkerResource {
         self.inner.id
     }
 
-    /// How many workers the resource spans (one state each).
+    /// How many workers the resource spans (one state each; it grows as workers join).
     pub fn num_workers(&self) -> usize {
-        self.workers
+        self.inner.num_workers()
     }
 
     /// The resource's state on `worker` (`Aborted` for an index out of range).

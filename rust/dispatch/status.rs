@@ -2,9 +2,11 @@
 //! `GetStatus` answer (and how old it is), what identifies the worker's process, and
 //! per-worker counters.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
 
 use crate::rpc::pb;
 
@@ -54,16 +56,25 @@ pub enum LinkState {
     Recovering,
     /// Did not answer within the recovery bound; no longer used.
     GivenUp,
+    /// Taken out of the cluster by `remove_workers` (or a resolver refresh): drained and
+    /// no longer used. Its index is never reused.
+    Removed,
 }
 
 impl LinkState {
-    /// `"up"`, `"recovering"` or `"given_up"`.
+    /// `"up"`, `"recovering"`, `"given_up"` or `"removed"`.
     pub fn label(self) -> &'static str {
         match self {
             Self::Up => "up",
             Self::Recovering => "recovering",
             Self::GivenUp => "given_up",
+            Self::Removed => "removed",
         }
+    }
+
+    /// Whether the worker takes no closures for good (given up or removed).
+    pub fn is_out_of_service(self) -> bool {
+        matches!(self, Self::GivenUp | Self::Removed)
     }
 }
 
@@ -108,6 +119,11 @@ pub(crate) struct LinkStatus {
     info: Mutex<Info>,
     /// Per-worker counters.
     pub counters: LinkCounters,
+    /// `remove_workers` asked this link to drain and leave; a watch, so a link sleeping
+    /// between reconnection attempts wakes at once.
+    retiring: watch::Sender<bool>,
+    /// Mirrors `retiring` for the hot path (read once per loop of the link).
+    retiring_flag: AtomicBool,
 }
 
 impl LinkStatus {
@@ -124,7 +140,36 @@ impl LinkStatus {
                 status: None,
             }),
             counters: LinkCounters::default(),
+            retiring: watch::Sender::new(false),
+            retiring_flag: AtomicBool::new(false),
         }
+    }
+
+    /// The worker's index.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The worker's address, as given.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Asks the link to drain and leave; `false` if it was asked before.
+    pub fn begin_retiring(&self) -> bool {
+        let first = !self.retiring_flag.swap(true, Ordering::AcqRel);
+        self.retiring.send_replace(true);
+        first
+    }
+
+    /// Whether the link was asked to leave.
+    pub fn is_retiring(&self) -> bool {
+        self.retiring_flag.load(Ordering::Acquire)
+    }
+
+    /// A receiver that turns `true` when the link is asked to leave.
+    pub fn retiring_signal(&self) -> watch::Receiver<bool> {
+        self.retiring.subscribe()
     }
 
     fn lock(&self) -> MutexGuard<'_, Info> {

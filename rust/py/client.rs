@@ -225,6 +225,8 @@ impl PyWorkerClient {
             function_hash: to_bytes(function_hash),
             args: value(args.as_ref(), &buffers)?,
             closure_id,
+            // A direct call: the worker's own --index.
+            worker_index: None,
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.run_closure(request, timeout))?;
@@ -246,6 +248,7 @@ impl PyWorkerClient {
             resource_id,
             function_hash: to_bytes(function_hash),
             args: value(args.as_ref(), &buffers)?,
+            worker_index: None,
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.create_resource(request, timeout))?;

@@ -38,7 +38,9 @@ use crate::rpc::{ClientConfig, WorkerClient};
 #[pyclass(frozen, module = "jaxcluster._core", name = "Dispatcher")]
 pub struct PyDispatcher {
     inner: Dispatcher,
-    addresses: Vec<String>,
+    /// How to reach a worker (token, message cap, TLS), for the workers `add_workers`
+    /// brings: the same as for the first ones.
+    client: ClientConfig,
 }
 
 #[pymethods]
@@ -53,6 +55,7 @@ impl PyDispatcher {
         max_closure_retries = None, connect_timeout = None
     ))]
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
     fn new(
         py: Python<'_>,
         addresses: Vec<String>,
@@ -94,20 +97,28 @@ impl PyDispatcher {
         if let Some(retries) = max_closure_retries {
             config.max_closure_retries = u32::try_from(retries).ok();
         }
-        let clients = in_runtime(py, || {
-            addresses
-                .iter()
-                .map(|address| {
-                    let mut client = ClientConfig::new(address.clone());
-                    client.auth_token = auth_token.map(str::to_owned);
-                    client.max_message_bytes = max_message_bytes;
-                    client.tls.clone_from(&tls);
-                    WorkerClient::connect_lazy(&client)
-                })
-                .collect::<Result<Vec<_>, _>>()
-        })?;
+        let mut client = ClientConfig::new(String::new());
+        client.auth_token = auth_token.map(str::to_owned);
+        client.max_message_bytes = max_message_bytes;
+        client.tls = tls;
+        let clients = connect_all(py, &client, &addresses)?;
         let inner = Dispatcher::new(clients, config).map_err(|e| dispatch_error(py, e))?;
-        Ok(Self { inner, addresses })
+        Ok(Self { inner, client })
+    }
+
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
+    fn add_workers(&self, py: Python<'_>, addresses: Vec<String>) -> PyResult<Vec<usize>> {
+        let clients = connect_all(py, &self.client, &addresses)?;
+        self.inner
+            .add_workers(clients)
+            .map_err(|e| dispatch_error(py, e))
+    }
+
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
+    fn remove_workers(&self, py: Python<'_>, indices: Vec<usize>) -> PyResult<()> {
+        // Joins the leaving links' threads, which never need the GIL.
+        py.detach(|| self.inner.remove_workers(&indices))
+            .map_err(|e| dispatch_error(py, e))
     }
 
     #[pyo3(signature = (hash, kind, payload, name = ""))]
@@ -214,9 +225,14 @@ impl PyDispatcher {
 
     fn __repr__(&self) -> String {
         let metrics = self.inner.metrics();
+        let addresses: Vec<String> = metrics
+            .workers
+            .iter()
+            .filter(|worker| worker.state != crate::dispatch::LinkState::Removed)
+            .map(|worker| worker.address.clone())
+            .collect();
         format!(
-            "Dispatcher(workers={:?}, queued={}, inflight={}, shut_down={})",
-            self.addresses,
+            "Dispatcher(workers={addresses:?}, queued={}, inflight={}, shut_down={})",
             metrics.queued,
             metrics.inflight,
             if self.inner.is_shut_down() {
@@ -320,6 +336,24 @@ impl PyPerWorkerResource {
             self.inner.id()
         )
     }
+}
+
+/// A lazily connecting client per address, configured as `template` says.
+fn connect_all(
+    py: Python<'_>,
+    template: &ClientConfig,
+    addresses: &[String],
+) -> PyResult<Vec<WorkerClient>> {
+    in_runtime(py, || {
+        addresses
+            .iter()
+            .map(|address| {
+                let mut client = template.clone();
+                client.address.clone_from(address);
+                WorkerClient::connect_lazy(&client)
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })
 }
 
 /// Runs a blocking dispatcher call with the GIL released, interruptibly.

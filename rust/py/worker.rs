@@ -251,6 +251,15 @@ impl PyWorkerJob {
     }
 
     #[getter]
+    fn worker_index(&self) -> Option<i64> {
+        match self.request {
+            JobRequest::Run { worker_index, .. }
+            | JobRequest::CreateResource { worker_index, .. } => worker_index,
+            JobRequest::ReleaseResource { .. } => None,
+        }
+    }
+
+    #[getter]
     fn resource_ids(&self) -> Vec<u64> {
         match &self.request {
             JobRequest::ReleaseResource { resource_ids } => resource_ids.clone(),

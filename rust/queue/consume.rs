@@ -26,6 +26,16 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
         item.ok_or(TryGetError::Empty)
     }
 
+    /// Removes and returns everything queued under `tag`, in order, without touching the
+    /// global queue (a worker that leaves hands back its sub-queue).
+    pub fn take_tagged(&self, tag: Tag) -> Vec<T> {
+        self.lock()
+            .tagged
+            .remove(&tag)
+            .map(Vec::from)
+            .unwrap_or_default()
+    }
+
     /// Takes the next closure, waiting up to `timeout` (`None`: as long as it takes) for one.
     /// Returns `None` on timeout or once the queue is stopped.
     ///

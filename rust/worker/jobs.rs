@@ -45,6 +45,8 @@ pub enum JobRequest {
         function: StoredFunction,
         /// Pickled `(args, kwargs)`; `None` for no arguments.
         args: Option<pb::Value>,
+        /// The coordinator's index for this worker, when it sent one.
+        worker_index: Option<i64>,
     },
     /// Run `function` on `args` and keep the result as resource `resource_id`.
     CreateResource {
@@ -54,6 +56,8 @@ pub enum JobRequest {
         function: StoredFunction,
         /// Pickled `(args, kwargs)`; `None` for no arguments.
         args: Option<pb::Value>,
+        /// The coordinator's index for this worker, when it sent one.
+        worker_index: Option<i64>,
     },
     /// Drop these resources.
     ReleaseResource {

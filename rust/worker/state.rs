@@ -143,6 +143,7 @@ impl WorkerState {
             closure_id: request.closure_id,
             function,
             args: request.args,
+            worker_index: request.worker_index,
         })
     }
 
@@ -157,6 +158,7 @@ impl WorkerState {
             resource_id: request.resource_id,
             function,
             args: request.args,
+            worker_index: request.worker_index,
         })
     }
 

@@ -30,6 +30,7 @@ fn spawn_echo_executor(server: Arc<WorkerServer>, gate: Arc<AtomicBool>) -> Join
                             closure_id,
                             args,
                             function,
+                            ..
                         } => {
                             while !gate.load(Ordering::Acquire) {
                                 std::thread::yield_now();
@@ -137,6 +138,7 @@ fn run_request(hash: &[u8], args: &'static [u8]) -> pb::RunClosureRequest {
             buffers: vec![Bytes::from_static(b"buffer")],
         }),
         closure_id: 42,
+        worker_index: None,
     }
 }
 

@@ -268,6 +268,20 @@ class FakeKubernetesAPI:
             self._state.pods.append(pod)
             self._state.resource_version += 1
 
+    def delete_pod(self, name: str, namespace: str = "default") -> None:
+        """Remove one pod, as a deletion (or a finished Job's pod) does."""
+        with self._lock:
+            pods = self._state.pods
+            kept = [
+                pod
+                for pod in pods
+                if (pod["metadata"]["name"], pod["metadata"]["namespace"]) != (name, namespace)
+            ]
+            if len(kept) == len(pods):
+                raise KeyError(f"no pod {namespace}/{name}")
+            self._state.pods[:] = kept
+            self._state.resource_version += 1
+
     def clear_pods(self) -> None:
         with self._lock:
             self._state.pods.clear()

@@ -11,14 +11,27 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
 from jaxcluster._auth import auth_token_from_env, warn_if_token_in_clear
 from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
+from jaxcluster.coordinator._options import (
+    _CONNECT_DEFAULT,
+    _HEARTBEAT_DEFAULT,
+    _RETRIES_DEFAULT,
+    _check_metrics_port,
+    _check_options,
+    _check_seconds,
+    _resolver_and_token,
+    _retries_bound,
+    _seconds_bound,
+    _worker_addresses,
+)
 from jaxcluster.coordinator.device_state import PerWorkerState
+from jaxcluster.coordinator.elastic import Membership, Refresher
 from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunction
 from jaxcluster.coordinator.per_worker import PerWorkerDataset, PerWorkerValues
 from jaxcluster.coordinator.placement import WorkerFacts
@@ -27,117 +40,9 @@ from jaxcluster.coordinator.structure import map_structure
 
 __all__ = ["ClusterCoordinator"]
 
-_ERROR_POLICIES = ("cancel_all", "per_closure")
 # `workers`: each up worker is asked for a fresh GetStatus, bounded by this.
 _WORKERS_STATUS_TIMEOUT_SECONDS = 1.0
 _log = logging.getLogger("jaxcluster.coordinator")
-
-
-def _resolver_and_token(source: Any) -> tuple[Any, str | None]:
-    """``(resolver, token)`` from a cluster resolver or a strategy-like object."""
-    if callable(getattr(source, "cluster_spec", None)):
-        return source, None
-    resolver = getattr(source, "cluster_resolver", None)
-    if resolver is None:
-        resolver = getattr(source, "_cluster_resolver", None)
-    if resolver is None or not callable(getattr(resolver, "cluster_spec", None)):
-        raise TypeError(
-            f"ClusterCoordinator needs a cluster resolver (or a strategy with a "
-            f"cluster_resolver), got {type(source).__qualname__}: {source!r}"
-        )
-    token = getattr(source, "auth_token", None)
-    return resolver, token if isinstance(token, str) and token else None
-
-
-def _worker_addresses(resolver: Any) -> list[str]:
-    spec = resolver.cluster_spec()
-    jobs = list(spec.jobs)
-    if "worker" not in jobs:
-        raise ValueError(
-            f"the cluster has no 'worker' job (jobs: {', '.join(jobs) or 'none'}); the "
-            "coordinator runs closures on the tasks of the 'worker' job"
-        )
-    tasks = list(spec.job_tasks("worker"))
-    if not tasks:
-        raise ValueError("the cluster's 'worker' job has no tasks; expected at least one")
-    holes = [i for i, address in enumerate(tasks) if address is None]
-    if holes:
-        raise ValueError(
-            f"the 'worker' job is sparse: no address for task(s) {holes}; the coordinator "
-            "needs workers 0..n-1"
-        )
-    return [str(address) for address in tasks]
-
-
-class _FromEnvironment:
-    """The default of a bound that an environment variable can set."""
-
-    def __init__(self, variable: str, default: str) -> None:
-        self.variable = variable
-        self.default = default
-
-    def __repr__(self) -> str:
-        return f"${self.variable} or {self.default}"
-
-
-#: Defaults of the bounds of issue 16, each read from its variable when not given.
-_HEARTBEAT_DEFAULT = _FromEnvironment("JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC", "5.0")
-_RETRIES_DEFAULT = _FromEnvironment("JAXCLUSTER_MAX_CLOSURE_RETRIES", "3")
-_CONNECT_DEFAULT = _FromEnvironment("JAXCLUSTER_CONNECT_TIMEOUT_SEC", "60.0")
-
-
-def _seconds_bound(name: str, value: Any) -> float | None:
-    """What the dispatcher takes for a bound in seconds: ``None`` (not given: the
-    environment or the default), ``inf`` (``None`` given: no bound) or the seconds."""
-    if isinstance(value, _FromEnvironment):
-        return None
-    if value is None:
-        return float("inf")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name}={value!r}; expected a positive number of seconds, or None")
-    return float(value)
-
-
-def _retries_bound(value: Any) -> int | None:
-    """``max_closure_retries`` for the dispatcher: ``None`` from the environment, -1 for
-    no bound."""
-    if isinstance(value, _FromEnvironment):
-        return None
-    if value is None:
-        return -1
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(
-            f"max_closure_retries={value!r}; expected a count of at least 0, or None for no "
-            "bound (TF's behaviour)"
-        )
-    return value
-
-
-def _check_seconds(name: str, value: Any) -> None:
-    if value is not None and (
-        isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
-    ):
-        raise ValueError(f"{name}={value!r}; expected None or a positive number of seconds")
-
-
-def _check_metrics_port(port: Any) -> None:
-    if port is not None and (
-        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
-    ):
-        raise ValueError(
-            f"metrics_port={port!r}; expected None (no metrics endpoint) or a TCP port "
-            "0-65535 (0 picks a free one; see metrics_address)"
-        )
-
-
-def _check_options(max_queue_size: int, error_policy: str, closure_timeout: Any) -> None:
-    if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int):
-        raise TypeError(f"max_queue_size={max_queue_size!r}; expected an int")
-    if error_policy not in _ERROR_POLICIES:
-        raise ValueError(
-            f"error_policy={error_policy!r}; expected one of {', '.join(_ERROR_POLICIES)}"
-        )
-    _check_seconds("closure_timeout", closure_timeout)
 
 
 class ClusterCoordinator:
@@ -201,6 +106,7 @@ class ClusterCoordinator:
         recovery_timeout: float | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
+        refresh_interval: float | None = None,
     ) -> None:
         if (cluster_resolver is None) == (strategy is None):
             raise TypeError(
@@ -214,6 +120,7 @@ class ClusterCoordinator:
             "connect_timeout": _seconds_bound("connect_timeout", connect_timeout),
         }
         _check_seconds("recovery_timeout", recovery_timeout)
+        _check_seconds("refresh_interval", refresh_interval)
         _check_metrics_port(metrics_port)
         source = cluster_resolver if strategy is None else strategy
         resolver, strategy_token = _resolver_and_token(source)
@@ -226,18 +133,18 @@ class ClusterCoordinator:
         ca = ca or ca_from_env()
         self._auth_token, self._tls_ca = token, ca
         self._clients: dict[int, Any] = {}
-        self._addresses = _worker_addresses(resolver)
+        addresses = _worker_addresses(resolver)
         self._cluster_resolver = resolver
         self._strategy = None if source is resolver else source
         from jaxcluster._malloc import keep_freed_memory
         from jaxcluster._native import core
 
         keep_freed_memory()  # large arrays: no page faults per message (see _malloc)
-        warn_if_token_in_clear(self._addresses, token, ca, _log, "workers", stacklevel=2)
+        warn_if_token_in_clear(addresses, token, ca, _log, "workers", stacklevel=2)
         # A logging configuration made just before this applies to the Rust events at once.
         core.refresh_log_levels()
         self._dispatcher = core.Dispatcher(
-            self._addresses,
+            addresses,
             auth_token=token,
             tls_ca=ca,
             max_queue_size=max_queue_size,
@@ -246,6 +153,7 @@ class ClusterCoordinator:
             **bounds,
             recovery_timeout=None if recovery_timeout is None else float(recovery_timeout),
         )
+        self._membership = Membership(self._dispatcher, addresses, token, ca)
         self._worker_facts = WorkerFacts(self._dispatcher)
         self._functions = FunctionSerializer(self._worker_facts.platforms)
         self._registered: set[bytes] = set()
@@ -265,7 +173,40 @@ class ClusterCoordinator:
             except BaseException:
                 self._dispatcher.shutdown()
                 raise
-        _log.debug("coordinator started for %d workers: %s", len(self._addresses), self._addresses)
+        self._refresher: Refresher | None = None
+        if refresh_interval is not None:
+            self._refresher = Refresher(
+                self._membership, lambda: _worker_addresses(resolver), float(refresh_interval)
+            )
+            self._refresher.start()
+        _log.debug("coordinator started for %d workers: %s", len(addresses), addresses)
+
+    # --- elastic workers -------------------------------------------------------------
+
+    def add_workers(self, addresses: Iterable[str]) -> list[int]:
+        """Adds workers (``"host:port"`` addresses) while closures run; returns their
+        indices (the next free ones: an index is never reused).
+
+        Returns at once; each new worker connects in the background, builds every
+        per-worker dataset and device state first, then takes closures. An address that
+        already serves this coordinator is refused (``ValueError``, nothing added).
+        """
+        self._check_open()
+        return self._membership.add(addresses)
+
+    def remove_workers(self, workers: Iterable[str | int] | str | int) -> None:
+        """Removes workers, given by address or index, and returns once each has left.
+
+        A removed worker takes no new closure; the ones it is running (and has queued)
+        finish and their results are kept — one whose result does not arrive runs on
+        another worker — and its per-worker values are released there. Nothing scheduled
+        is lost. Its index stays, with state ``"removed"``, and is never reused.
+        ``ValueError`` (nothing removed) for an unknown or removed worker, or when no
+        worker able to run closures would remain.
+        """
+        self._check_open()
+        for index in self._membership.remove(workers):
+            self._clients.pop(index, None)
 
     # --- scheduling ------------------------------------------------------------------
 
@@ -378,9 +319,10 @@ class ClusterCoordinator:
 
     @property
     def workers(self) -> list[dict[str, Any]]:
-        """One dict per worker, by index: ``address``, ``state`` (``up``, ``recovering``
-        or ``given_up``), ``last_error``, this coordinator's counts on it, and what the
-        worker reports about itself (``closures_run``, ``closures_failed``,
+        """One dict per worker, by index: ``address``, ``state`` (``up``, ``recovering``,
+        ``given_up``, or ``removed`` after :meth:`remove_workers`), ``last_error``, this
+        coordinator's counts on it, and what the worker reports about itself
+        (``closures_run``, ``closures_failed``,
         ``uptime_seconds``, ``jaxcluster_version``, ``platform``, ``incarnation``, ...).
 
         Live: every worker that is up is asked for a fresh report first, all at once, each
@@ -408,6 +350,8 @@ class ClusterCoordinator:
         """Stops dispatching; queued closures are cancelled; the metrics endpoint, if
         any, closes. Idempotent."""
         self._closed = True
+        if self._refresher is not None:
+            self._refresher.stop()
         self._dispatcher.shutdown()
         server, self._metrics_server = self._metrics_server, None
         if server is not None:
@@ -425,14 +369,16 @@ class ClusterCoordinator:
         self.shutdown()
 
     def __repr__(self) -> str:
-        state = "shut down" if self._closed else f"{len(self._addresses)} workers"
-        return f"<ClusterCoordinator {state}: {', '.join(self._addresses)}>"
+        active = list(self._membership.active())
+        state = "shut down" if self._closed else f"{len(active)} workers"
+        return f"<ClusterCoordinator {state}: {', '.join(active)}>"
 
     # --- internals used by per-worker values ---------------------------------------------
 
     @property
     def _num_workers(self) -> int:
-        return len(self._addresses)
+        """How many worker indices there are (removed workers included)."""
+        return len(self._membership)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -464,8 +410,17 @@ class ClusterCoordinator:
         if client is None:
             from jaxcluster._native import core
 
+            if self._membership.is_removed(worker):
+                from jaxcluster import errors
+
+                raise errors.AbortedError(
+                    f"worker {worker} ({self._membership.address(worker)}) was removed "
+                    "(remove_workers); its per-worker values were released"
+                )
             client = core.WorkerClient(
-                self._addresses[worker], auth_token=self._auth_token, tls_ca=self._tls_ca
+                self._membership.address(worker),
+                auth_token=self._auth_token,
+                tls_ca=self._tls_ca,
             )
             self._clients[worker] = client
         return client

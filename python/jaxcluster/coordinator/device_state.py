@@ -184,7 +184,9 @@ class PerWorkerState(PerWorkerValues):
 
     def fetch(self, worker: int | None = None, *, timeout: float | None = None) -> Any:
         """The value of ``worker`` (numpy arrays in the same pytree), or a list of every
-        worker's value when ``worker`` is None.
+        worker's value when ``worker`` is None, by worker index (``None`` for a worker
+        removed with ``remove_workers``, whose state was released; ``AbortedError`` when
+        asked for that worker alone).
 
         Reads the state as it is when the worker gets to it: call ``join()`` first to see
         every scheduled closure's effect. Waits while the state is being (re)built there,
@@ -193,11 +195,20 @@ class PerWorkerState(PerWorkerValues):
         notices a restart when it next sends that worker work, and then rebuilds the state
         or reports it lost), and the error its ``init_fn`` raised there.
         """
+        membership = self._coordinator._membership
         if worker is None:
-            return [self.fetch(i, timeout=timeout) for i in range(self._coordinator._num_workers)]
-        workers = self._coordinator._num_workers
+            return [
+                None if membership.is_removed(i) else self.fetch(i, timeout=timeout)
+                for i in range(len(membership))
+            ]
+        workers = len(membership)
         if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < workers:
             raise IndexError(f"worker={worker!r}; expected an index from 0 to {workers - 1}")
+        if membership.is_removed(worker):
+            raise errors.AbortedError(
+                f"worker {worker} ({membership.address(worker)}) was removed "
+                "(remove_workers); its device state was released"
+            )
         self._wait_built(worker, timeout)
         from jaxcluster.coordinator.functions import pickle_function
 

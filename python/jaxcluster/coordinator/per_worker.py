@@ -132,7 +132,16 @@ class _ElementOf:
     def __call__(self) -> Any:
         from jaxcluster.worker.context import get_current_worker_index
 
-        return self._values[get_current_worker_index()]
+        index = get_current_worker_index()
+        if not 0 <= index < len(self._values):
+            raise IndexError(
+                f"worker {index} has no element in these PerWorkerValues: they hold "
+                f"{len(self._values)} values, one per worker when they were first used, and "
+                "this worker joined later (add_workers). Values made on the workers "
+                "(create_per_worker_dataset, create_per_worker_state) are built on added "
+                "workers too"
+            )
+        return self._values[index]
 
 
 class _WorkerIterator:

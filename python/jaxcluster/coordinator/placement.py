@@ -52,7 +52,11 @@ class WorkerFacts:
         self._waited = self._waited or wait
         pause = threading.Event()
         while True:
-            reported = [s for s in self._dispatcher.worker_statuses() if s.get("platform")]
+            reported = [
+                s
+                for s in self._dispatcher.worker_statuses()
+                if s.get("platform") and s.get("state") != "removed"
+            ]
             if reported or time.monotonic() >= deadline:
                 break
             pause.wait(0.05)

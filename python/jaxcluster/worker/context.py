@@ -23,7 +23,10 @@ _auth_token: str | None = None
 
 
 def get_current_worker_index() -> int:
-    """The index of the worker executing the current closure (its ``--index``).
+    """The index of the worker executing the current closure, as its coordinator counts
+    workers (TF's meaning): the ``worker`` task index for the cluster's first workers, the
+    next free index for a worker added later (``add_workers``, ``refresh_interval``); a
+    closure sent by a plain client without one gets the worker's ``--index``.
 
     Raises ``RuntimeError`` when called anywhere but inside a closure (or a
     ``dataset_fn``) running on a worker.

@@ -129,7 +129,10 @@ class Executor:
 
     def _call(self, job: Any) -> Any:
         fn, args, kwargs = self._prepare(job)
-        previous = swap_current_index(self._index)
+        # The coordinator's index for this worker when it sent one (it changes as workers
+        # join and leave), else this worker's --index.
+        index = job.worker_index
+        previous = swap_current_index(self._index if index is None else index)
         try:
             return fn(*args, **kwargs)
         finally:

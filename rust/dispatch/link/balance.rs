@@ -11,7 +11,7 @@
 //! waiting behind another on a busy worker while some worker is idle:
 //!
 //! - *Re-check after taking.* A busy link counts a closure as outstanding
-//!   ([`Balance::publish`]), then reads the idle count again ([`Balance::may_pipeline`]);
+//!   ([`LinkSlot::publish`]), then reads the idle count again ([`Balance::may_pipeline`]);
 //!   if a link went idle meanwhile, the closure goes back to the queue for it.
 //! - *Reclaim when starving.* A link that goes idle ([`Balance::while_idle`]) and finds
 //!   the queue empty asks every link with two or more outstanding to reclaim
@@ -39,17 +39,23 @@
 //! [`Notify`] permit, so one sent while its link is between two waits is not lost.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use tokio::sync::futures::Notified;
 use tokio::sync::Notify;
 
-/// The handshake state shared by every link of one dispatcher (indexed by link).
+/// The handshake state shared by every link of one dispatcher.
+///
+/// Links come and go (`add_workers`, `remove_workers`): each link holds its own
+/// [`LinkSlot`] for the per-closure writes, and the list here is read only by an idle link
+/// asking the others to reclaim, so its lock is off the hot path. A link added while an
+/// idle link walks the list has nothing outstanding, so missing it loses no reclaim.
 pub(crate) struct Balance {
     /// Links that are up with nothing outstanding, waiting for work: while any is, no busy
     /// link pipelines.
     idle: AtomicUsize,
-    /// One per link, by index.
-    links: Vec<LinkSlot>,
+    /// One per link, in the order added.
+    links: RwLock<Vec<Arc<LinkSlot>>>,
     /// A closure failed under `cancel_all` and the error was not raised yet: links start
     /// no closure meanwhile (each one they take is handed back, hence cancelled), so every
     /// closure queued when a closure failed ends cancelled, never run.
@@ -60,7 +66,7 @@ pub(crate) struct Balance {
 /// count once per closure sent or answered, and counts of neighbouring links sharing a
 /// line would make those writes contend (128 bytes: x86-64 prefetches lines in pairs).
 #[repr(align(128))]
-struct LinkSlot {
+pub(crate) struct LinkSlot {
     /// Closures sent to the link's worker and not answered yet.
     outstanding: AtomicUsize,
     /// Asks the link to take back what its worker has queued (an idle link is starving,
@@ -68,19 +74,49 @@ struct LinkSlot {
     reclaim: Notify,
 }
 
+impl LinkSlot {
+    /// Publishes how many closures the link has outstanding (read by idle links).
+    pub fn publish(&self, count: usize) {
+        self.outstanding.store(count, Ordering::SeqCst);
+    }
+
+    /// Resolves when the link is asked to reclaim (at once if asked since its last wait).
+    pub fn reclaim_requested(&self) -> Notified<'_> {
+        self.reclaim.notified()
+    }
+}
+
 impl Balance {
-    /// The state for `links` links: none idle, nothing outstanding, no failure pending.
-    pub fn new(links: usize) -> Self {
+    /// The state for no links yet: none idle, no failure pending.
+    pub fn new() -> Self {
         Self {
             idle: AtomicUsize::new(0),
-            links: (0..links)
-                .map(|_| LinkSlot {
-                    outstanding: AtomicUsize::new(0),
-                    reclaim: Notify::new(),
-                })
-                .collect(),
+            links: RwLock::new(Vec::new()),
             failure_pending: AtomicBool::new(false),
         }
+    }
+
+    /// A slot for a new link, nothing outstanding.
+    pub fn add_link(&self) -> Arc<LinkSlot> {
+        let slot = Arc::new(LinkSlot {
+            outstanding: AtomicUsize::new(0),
+            reclaim: Notify::new(),
+        });
+        self.slots_mut().push(Arc::clone(&slot));
+        slot
+    }
+
+    /// Forgets a link that left (its slot stays valid for the link itself).
+    pub fn remove_link(&self, slot: &Arc<LinkSlot>) {
+        self.slots_mut().retain(|other| !Arc::ptr_eq(other, slot));
+    }
+
+    fn slots(&self) -> std::sync::RwLockReadGuard<'_, Vec<Arc<LinkSlot>>> {
+        self.links.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn slots_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Arc<LinkSlot>>> {
+        self.links.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Runs `take` (an idle link taking work from the queue) counted as an idle link, so
@@ -98,21 +134,16 @@ impl Balance {
     }
 
     /// Whether a busy link may send another closure now: no link is idle and no failure
-    /// is pending. Read after [`publish`](Self::publish)ing the closure taken.
+    /// is pending. Read after [`LinkSlot::publish`]ing the closure taken.
     pub fn may_pipeline(&self) -> bool {
         !self.failure_pending() && !self.any_idle()
-    }
-
-    /// Publishes how many closures `link` has outstanding (read by idle links).
-    pub fn publish(&self, link: usize, count: usize) {
-        self.links[link].outstanding.store(count, Ordering::SeqCst);
     }
 
     /// Asks every link with two or more closures outstanding (so at least one queued on
     /// its worker) to take back what its worker has queued. Called by a link that went
     /// idle and found the queue empty.
     pub fn ask_pipelining_links_to_reclaim(&self) {
-        for slot in &self.links {
+        for slot in self.slots().iter() {
             if slot.outstanding.load(Ordering::SeqCst) >= 2 {
                 slot.reclaim.notify_one();
             }
@@ -121,14 +152,9 @@ impl Balance {
 
     /// Asks every link to take back what its worker has queued (a closure failed).
     pub fn ask_all_to_reclaim(&self) {
-        for slot in &self.links {
+        for slot in self.slots().iter() {
             slot.reclaim.notify_one();
         }
-    }
-
-    /// Resolves when `link` is asked to reclaim (at once if asked since its last wait).
-    pub fn reclaim_requested(&self, link: usize) -> Notified<'_> {
-        self.links[link].reclaim.notified()
     }
 
     /// Whether a closure failure (under `cancel_all`) waits to be raised.

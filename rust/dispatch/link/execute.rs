@@ -128,6 +128,7 @@ impl<T: WorkerTransport> Link<T> {
                 resource_id: resource.id,
                 function_hash: resource.function.hash_bytes(),
                 args: None,
+                worker_index: i64::try_from(self.index).ok(),
             };
             // Building runs user code (e.g. a dataset_fn) for as long as it takes, like a
             // closure without a timeout; a vanished worker is noticed by keepalive.

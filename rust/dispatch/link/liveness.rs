@@ -217,6 +217,8 @@ impl<T: WorkerTransport> Link<T> {
                     }
                 }
                 Some(Work::ReleaseResource { .. }) => {}
+                // This worker is being removed: stop recovering it.
+                Some(Work::Retire) => return false,
             }
         }
     }

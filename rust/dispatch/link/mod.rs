@@ -41,11 +41,12 @@ use super::functions::SentFunctions;
 use super::metrics::Counters;
 use super::resources::{ResourceInner, ResourceState};
 use super::result_cell::{EncodedValue, Outcome};
-use super::status::Incarnation;
+use super::status::{Incarnation, LinkStatus};
 use super::transport::WorkerTransport;
 use super::{LinkState, Shared};
 use crate::log_target::DISPATCH;
 use crate::queue::Tag;
+use balance::LinkSlot;
 use execute::Verdict;
 use pipeline::Pipeline;
 pub(crate) use recovery::hang_up_hint;
@@ -69,6 +70,14 @@ enum Interruption {
 /// folder: the parts of its `impl` share them, nothing else does.
 pub(crate) struct Link<T> {
     index: usize,
+    /// This link's entry in the dispatcher's table (state, counters, retiring flag).
+    status: Arc<LinkStatus>,
+    /// This link's part of the pipelining handshake.
+    slot: Arc<LinkSlot>,
+    /// Turns `true` when `remove_workers` asks this link to leave.
+    retiring: watch::Receiver<bool>,
+    /// The link served its `Retire`: it leaves once nothing is outstanding.
+    leaving: bool,
     /// Shared with the dispatcher, which probes `GetStatus` through it for a live view.
     transport: Arc<T>,
     shared: Arc<Shared>,
@@ -97,12 +106,22 @@ pub(crate) struct Link<T> {
 }
 
 impl<T: WorkerTransport> Link<T> {
-    /// Link `index`, talking to its worker through `transport`. Its status starts
-    /// `recovering` until the worker first answers.
-    pub fn new(index: usize, transport: Arc<T>, shared: Arc<Shared>, runtime: Handle) -> Self {
+    /// The link of `status` (its index and address), talking to its worker through
+    /// `transport`. Its status starts `recovering` until the worker first answers.
+    pub fn new(
+        transport: Arc<T>,
+        shared: Arc<Shared>,
+        runtime: Handle,
+        status: Arc<LinkStatus>,
+        slot: Arc<LinkSlot>,
+    ) -> Self {
         let stop = shared.stop.subscribe();
         Self {
-            index,
+            index: status.index(),
+            retiring: status.retiring_signal(),
+            status,
+            slot,
+            leaving: false,
             transport,
             shared,
             runtime,
@@ -130,10 +149,15 @@ impl<T: WorkerTransport> Link<T> {
         self.transport.address()
     }
 
-    /// The thread body: connect, wait out the staggered start, then serve until stopped.
+    /// The thread body: connect, wait out the staggered start, then serve until stopped
+    /// or removed.
     pub fn run(mut self) {
         self.serve_until_stopped();
-        self.abandon();
+        if self.status.is_retiring() && !*self.stop.borrow() {
+            self.leave();
+        } else {
+            self.abandon();
+        }
     }
 
     fn serve_until_stopped(&mut self) {
@@ -142,7 +166,15 @@ impl<T: WorkerTransport> Link<T> {
             if *self.stop.borrow() {
                 return;
             }
-            match self.shared.links[self.index].state() {
+            // A worker being removed leaves once what it runs has answered; one that is
+            // down (its closures went back when it failed) or given up leaves at once.
+            if self.status.is_retiring()
+                && (self.leaving || self.status.state() != LinkState::Up)
+                && self.pipeline.outstanding.is_empty()
+            {
+                return;
+            }
+            match self.status.state() {
                 LinkState::Recovering => match self.recover() {
                     Recovery::Up | Recovery::GaveUp => {}
                     Recovery::Stopped => return,
@@ -163,9 +195,45 @@ impl<T: WorkerTransport> Link<T> {
                     };
                     self.serve(work);
                 }
-                LinkState::GivenUp => return self.drain_when_all_given_up(),
+                LinkState::GivenUp => self.drain_when_all_given_up(),
+                LinkState::Removed => return,
             }
         }
+    }
+
+    /// Leaves the cluster (`remove_workers`): releases the worker's per-worker resources
+    /// (the worker keeps running; its copies would otherwise stay allocated), hands back
+    /// this worker's queued resource work, and marks the link `removed`.
+    fn leave(&mut self) {
+        // Normally empty: the link drained before leaving. A closure still here is put
+        // back, not cancelled (the queue runs on).
+        self.abandon();
+        let up = self.status.state() == LinkState::Up;
+        let mut held = Vec::new();
+        for resource in self.shared.resources.live() {
+            if up && resource.state(self.index) == ResourceState::Ready {
+                held.push(resource.id);
+            }
+            resource.set_state(self.index, ResourceState::Aborted);
+        }
+        if !held.is_empty() {
+            let release = self.transport.release_resource(held, Some(RELEASE_TIMEOUT));
+            let _ = self.call(release);
+        }
+        for work in self.shared.queue.take_tagged(self.tag()) {
+            crate::queue::Cancel::cancel(work);
+        }
+        self.status.set(LinkState::Removed, None);
+        self.shared.balance.remove_link(&self.slot);
+        tracing::info!(
+            target: DISPATCH,
+            worker = self.address(),
+            worker_index = self.index,
+            "worker {} (worker {}) left the cluster (remove_workers); closures run on the \
+             other workers",
+            self.address(),
+            self.index,
+        );
     }
 
     fn serve(&mut self, work: Work) {
@@ -185,6 +253,7 @@ impl<T: WorkerTransport> Link<T> {
                     }
                 }
             }
+            Work::Retire => self.leaving = true,
             Work::ReleaseResource { resource_id } => {
                 let release = self
                     .transport
@@ -366,13 +435,13 @@ impl<T: WorkerTransport> Link<T> {
         let verdict = match result {
             Ok(value) => {
                 Counters::bump(&shared.counters.completed);
-                Counters::bump(&shared.links[self.index].counters.completed);
+                Counters::bump(&self.status.counters.completed);
                 closure.settle(Outcome::Value(value));
                 shared.queue.mark_finished()
             }
             Err(failure) => {
                 Counters::bump(&shared.counters.failed);
-                Counters::bump(&shared.links[self.index].counters.failed);
+                Counters::bump(&self.status.counters.failed);
                 let failure = Arc::new(failure);
                 closure.settle(Outcome::Failed(Arc::clone(&failure)));
                 match shared.config.error_policy {
@@ -394,7 +463,7 @@ impl<T: WorkerTransport> Link<T> {
     /// Re-queues a closure that started (or may have) and must run again.
     fn put_back(&self, closure: Closure) {
         Counters::bump(&self.shared.counters.retried);
-        Counters::bump(&self.shared.links[self.index].counters.retried);
+        Counters::bump(&self.status.counters.retried);
         tracing::debug!(
             target: DISPATCH,
             worker = self.address(),
@@ -413,11 +482,18 @@ impl<T: WorkerTransport> Link<T> {
         run_on(&self.runtime, &self.stop, future)
     }
 
-    /// Sleeps unless the dispatcher stops first; returns whether it slept through.
+    /// Sleeps unless the dispatcher stops (or this link is asked to leave) first; returns
+    /// whether it slept through.
     fn sleep(&self, pause: Duration) -> bool {
+        let mut retiring = self.retiring.clone();
         // Built inside the runtime: a tokio timer cannot be created outside one.
-        self.call(async move { tokio::time::sleep(pause).await })
-            .is_some()
+        self.call(async move {
+            tokio::select! {
+                () = tokio::time::sleep(pause) => true,
+                _ = retiring.wait_for(|retiring| *retiring) => false,
+            }
+        })
+        .unwrap_or(false)
     }
 
     /// Releases `resource` on this worker right away (it was released while being built).

@@ -113,7 +113,7 @@ impl<T: WorkerTransport> Link<T> {
     /// sent yet (read by idle links, see `balance.rs`).
     fn publish(&self, extra: usize) {
         let count = self.pipeline.outstanding.len() + extra;
-        self.shared.balance.publish(self.index, count);
+        self.slot.publish(count);
     }
 
     /// Whether a busy link may send another closure now: not while a closure whose worker
@@ -235,7 +235,7 @@ impl<T: WorkerTransport> Link<T> {
         let mut messages: Vec<pb::RunClosuresRequest> = Vec::new();
         let mut size = limit; // forces a first message
         for mut closure in closures {
-            let request = closure.request();
+            let request = closure.request(self.index);
             // A closure above the limit goes alone in its message, which the channel sends
             // in chunks (or refuses, for a worker that cannot assemble them).
             let needed = (request.encoded_len() + REQUEST_FRAMING).min(limit);
@@ -347,7 +347,7 @@ impl<T: WorkerTransport> Link<T> {
             self.abandon();
             return;
         };
-        let reclaim = self.shared.balance.reclaim_requested(self.index);
+        let reclaim = self.slot.reclaim_requested();
         let event = run_on(&self.runtime, &self.stop, async {
             tokio::select! {
                 biased;

@@ -4,6 +4,7 @@
 //! whatever is scheduled fails instead of waiting forever.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Interruption, Link};
@@ -64,9 +65,10 @@ impl<T: WorkerTransport> Link<T> {
         }
         put_back += self.forget_pipeline();
         Counters::bump(&self.shared.counters.worker_failures);
-        Counters::bump(&self.shared.links[self.index].counters.failures);
+        Counters::bump(&self.status.counters.failures);
         self.recovering_since = Instant::now();
-        self.shared.links[self.index].set(LinkState::Recovering, Some(reason.to_owned()));
+        self.status
+            .set(LinkState::Recovering, Some(reason.to_owned()));
         for resource in self.shared.resources.live() {
             resource.worker_failed(self.index, self.address(), reason);
         }
@@ -92,6 +94,10 @@ impl<T: WorkerTransport> Link<T> {
         let mut failed_probes = 0u32;
         let mut reported: Option<String> = None;
         loop {
+            if self.status.is_retiring() {
+                // Removed while down: its closures went back when it failed.
+                return Recovery::Stopped;
+            }
             let elapsed = self.recovering_since.elapsed();
             if elapsed >= bound {
                 self.settle_doomed(true);
@@ -122,7 +128,7 @@ impl<T: WorkerTransport> Link<T> {
                 Ok(rebuilt) => {
                     self.shared.reached.store(true, Ordering::Release);
                     self.settle_doomed(true);
-                    self.shared.links[self.index].set(LinkState::Up, None);
+                    self.status.set(LinkState::Up, None);
                     self.report_up(failed_probes, restarted, rebuilt);
                     self.connected_once = true;
                     return Recovery::Up;
@@ -134,7 +140,7 @@ impl<T: WorkerTransport> Link<T> {
                         .next_delay()
                         .min(bound.saturating_sub(self.recovering_since.elapsed()));
                     self.report_probe_failure(&reason, failed_probes, pause, &mut reported);
-                    self.shared.links[self.index].note_error(reason);
+                    self.status.note_error(reason);
                     pause
                 }
             };
@@ -260,12 +266,13 @@ impl<T: WorkerTransport> Link<T> {
     fn give_up(&mut self, bound: Duration) {
         // The last failure is what the user must fix (a wrong address, a TLS mismatch, a
         // crashed worker); keep it in the reason every failed closure will carry.
-        let last = self.shared.links[self.index]
-            .last_error()
-            .map_or_else(String::new, |error| match hang_up_hint(&error) {
-                Some(hint) => format!("; last error: {error}; {hint}"),
-                None => format!("; last error: {error}"),
-            });
+        let last =
+            self.status
+                .last_error()
+                .map_or_else(String::new, |error| match hang_up_hint(&error) {
+                    Some(hint) => format!("; last error: {error}; {hint}"),
+                    None => format!("; last error: {error}"),
+                });
         let reason = format!(
             "gave up on worker {} after it did not answer for {bound:?} \
              (recovery_timeout= or JAXCLUSTER_WORKER_RECOVERY_SEC){last}",
@@ -280,56 +287,82 @@ impl<T: WorkerTransport> Link<T> {
         for resource in self.shared.resources.live() {
             resource.worker_failed(self.index, self.address(), &reason);
         }
-        self.shared.links[self.index].set(LinkState::GivenUp, Some(reason));
-        self.shared.given_up.send_modify(|count| *count += 1);
-        let links = self.shared.links.len();
-        if *self.shared.given_up.borrow() >= links {
+        self.status.set(LinkState::GivenUp, Some(reason));
+        self.shared.membership_changed();
+        if self.shared.all_out_of_service() {
             tracing::error!(
                 target: DISPATCH,
-                "every worker ({links}) was given up: queued and future closures fail with \
-                 UnavailableError",
+                "every worker ({}) was given up or removed: queued and future closures fail \
+                 with UnavailableError until a worker is added",
+                self.shared.num_links(),
             );
         }
     }
 
-    /// A given-up link waits until every link has given up; from then on it fails whatever
-    /// reaches the queue, so nothing scheduled hangs.
+    /// A given-up link waits until every worker is out of service (given up or removed);
+    /// from then on, until a worker joins, it fails whatever reaches the queue, so nothing
+    /// scheduled hangs. Returns when the dispatcher stops or this worker is removed.
     pub(super) fn drain_when_all_given_up(&mut self) {
-        let links = self.shared.links.len();
-        let mut given_up = self.shared.given_up.subscribe();
-        if self.call(async move { given_up.wait_for(|count| *count >= links).await.is_ok() })
-            != Some(true)
-        {
-            return;
-        }
-        while let Some(work) = self.shared.queue.get(Some(self.tag()), None) {
-            match work {
-                Work::Closure(closure) => {
-                    // This link's reason says how long it waited and what went wrong last.
-                    let reason = self.shared.links[self.index]
-                        .last_error()
-                        .unwrap_or_else(|| {
-                            format!(
-                                "no answer for {:?} (recovery_timeout= or \
-                                 JAXCLUSTER_WORKER_RECOVERY_SEC)",
-                                self.shared.config.recovery_timeout
-                            )
-                        });
-                    let message = format!(
-                        "closure {} could not run: all {links} workers were given up; {reason}",
-                        closure.id(),
-                    );
-                    let failure =
-                        ClosureFailure::infra(tonic::Code::Unavailable, message, self.address());
-                    self.finish(closure, Err(failure));
+        /// How often a draining link looks whether a worker joined meanwhile.
+        const RECHECK: Duration = Duration::from_millis(100);
+        loop {
+            let shared = Arc::clone(&self.shared);
+            let mut membership = self.shared.membership.subscribe();
+            let mut retiring = self.retiring.clone();
+            let all_gone = self.call(async move {
+                tokio::select! {
+                    _ = membership.wait_for(|_| shared.all_out_of_service()) => true,
+                    _ = retiring.wait_for(|retiring| *retiring) => false,
                 }
-                Work::CreateResource { resource, worker } => {
-                    if let Some(resource) = resource.upgrade() {
-                        resource.set_state(worker, ResourceState::Aborted);
-                    }
-                }
-                Work::ReleaseResource { .. } => {}
+            });
+            if all_gone != Some(true) {
+                return;
             }
+            while self.shared.all_out_of_service() {
+                if self.status.is_retiring() {
+                    return;
+                }
+                let Some(work) = self.shared.queue.get(Some(self.tag()), Some(RECHECK)) else {
+                    if self.shared.queue.is_stopped() {
+                        return;
+                    }
+                    continue;
+                };
+                self.fail_given_up(work);
+            }
+        }
+    }
+
+    /// Settles `work` taken while every worker is out of service.
+    fn fail_given_up(&mut self, work: Work) {
+        match work {
+            // A worker joined after this link looked: the closure is for it.
+            Work::Closure(closure) if !self.shared.all_out_of_service() => self.requeue(closure),
+            Work::Closure(closure) => {
+                // This link's reason says how long it waited and what went wrong last.
+                let reason = self.status.last_error().unwrap_or_else(|| {
+                    format!(
+                        "no answer for {:?} (recovery_timeout= or \
+                         JAXCLUSTER_WORKER_RECOVERY_SEC)",
+                        self.shared.config.recovery_timeout
+                    )
+                });
+                let message = format!(
+                    "closure {} could not run: all {} workers were given up or removed; {reason}",
+                    closure.id(),
+                    self.shared.num_links(),
+                );
+                let failure =
+                    ClosureFailure::infra(tonic::Code::Unavailable, message, self.address());
+                self.finish(closure, Err(failure));
+            }
+            Work::CreateResource { resource, worker } => {
+                if let Some(resource) = resource.upgrade() {
+                    resource.set_state(worker, ResourceState::Aborted);
+                }
+            }
+            Work::ReleaseResource { .. } => {}
+            Work::Retire => self.leaving = true,
         }
     }
 
@@ -342,7 +375,7 @@ impl<T: WorkerTransport> Link<T> {
         self.incarnation = Some(now);
         self.heartbeats = status.protocol_revision >= 4;
         self.previous_exit.clone_from(&status.previous_exit);
-        self.shared.links[self.index].record_status(status);
+        self.status.record_status(status);
         restarted
     }
 

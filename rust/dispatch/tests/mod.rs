@@ -3,6 +3,7 @@
 //! Every wait has a deadline; nothing sleeps to let things settle.
 
 mod deaths;
+mod elastic;
 mod observe;
 mod outcomes;
 mod pipelining;

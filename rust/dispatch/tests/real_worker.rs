@@ -94,6 +94,7 @@ fn execute_jobs(server: &WorkerServer, ran: &Mutex<Vec<u64>>) {
                 closure_id,
                 function,
                 args,
+                ..
             } => {
                 ran.lock().unwrap().push(closure_id);
                 if function.payload.as_ref() == SLOW {

@@ -12,6 +12,7 @@ fn run_request(closure_id: u64) -> JobRequest {
             payload: bytes::Bytes::new(),
         },
         args: None,
+        worker_index: None,
     }
 }
 

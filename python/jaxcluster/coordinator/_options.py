@@ -1,0 +1,121 @@
+"""The coordinator's options: where its workers and token come from, and the checks and
+defaults of its bounds (one place, so the constructor reads as what it builds).
+
+Example::
+
+    _seconds_bound("heartbeat_timeout", None)   # inf: no bound
+    _worker_addresses(SimpleClusterResolver(ClusterSpec({"worker": ["h:1", "h:2"]})))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_ERROR_POLICIES = ("cancel_all", "per_closure")
+
+
+def _resolver_and_token(source: Any) -> tuple[Any, str | None]:
+    """``(resolver, token)`` from a cluster resolver or a strategy-like object."""
+    if callable(getattr(source, "cluster_spec", None)):
+        return source, None
+    resolver = getattr(source, "cluster_resolver", None)
+    if resolver is None:
+        resolver = getattr(source, "_cluster_resolver", None)
+    if resolver is None or not callable(getattr(resolver, "cluster_spec", None)):
+        raise TypeError(
+            f"ClusterCoordinator needs a cluster resolver (or a strategy with a "
+            f"cluster_resolver), got {type(source).__qualname__}: {source!r}"
+        )
+    token = getattr(source, "auth_token", None)
+    return resolver, token if isinstance(token, str) and token else None
+
+
+def _worker_addresses(resolver: Any) -> list[str]:
+    spec = resolver.cluster_spec()
+    jobs = list(spec.jobs)
+    if "worker" not in jobs:
+        raise ValueError(
+            f"the cluster has no 'worker' job (jobs: {', '.join(jobs) or 'none'}); the "
+            "coordinator runs closures on the tasks of the 'worker' job"
+        )
+    tasks = list(spec.job_tasks("worker"))
+    if not tasks:
+        raise ValueError("the cluster's 'worker' job has no tasks; expected at least one")
+    holes = [i for i, address in enumerate(tasks) if address is None]
+    if holes:
+        raise ValueError(
+            f"the 'worker' job is sparse: no address for task(s) {holes}; the coordinator "
+            "needs workers 0..n-1"
+        )
+    return [str(address) for address in tasks]
+
+
+class _FromEnvironment:
+    """The default of a bound that an environment variable can set."""
+
+    def __init__(self, variable: str, default: str) -> None:
+        self.variable = variable
+        self.default = default
+
+    def __repr__(self) -> str:
+        return f"${self.variable} or {self.default}"
+
+
+#: Defaults of the bounds of issue 16, each read from its variable when not given.
+_HEARTBEAT_DEFAULT = _FromEnvironment("JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC", "5.0")
+_RETRIES_DEFAULT = _FromEnvironment("JAXCLUSTER_MAX_CLOSURE_RETRIES", "3")
+_CONNECT_DEFAULT = _FromEnvironment("JAXCLUSTER_CONNECT_TIMEOUT_SEC", "60.0")
+
+
+def _seconds_bound(name: str, value: Any) -> float | None:
+    """What the dispatcher takes for a bound in seconds: ``None`` (not given: the
+    environment or the default), ``inf`` (``None`` given: no bound) or the seconds."""
+    if isinstance(value, _FromEnvironment):
+        return None
+    if value is None:
+        return float("inf")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name}={value!r}; expected a positive number of seconds, or None")
+    return float(value)
+
+
+def _retries_bound(value: Any) -> int | None:
+    """``max_closure_retries`` for the dispatcher: ``None`` from the environment, -1 for
+    no bound."""
+    if isinstance(value, _FromEnvironment):
+        return None
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"max_closure_retries={value!r}; expected a count of at least 0, or None for no "
+            "bound (TF's behaviour)"
+        )
+    return value
+
+
+def _check_seconds(name: str, value: Any) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+    ):
+        raise ValueError(f"{name}={value!r}; expected None or a positive number of seconds")
+
+
+def _check_metrics_port(port: Any) -> None:
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+    ):
+        raise ValueError(
+            f"metrics_port={port!r}; expected None (no metrics endpoint) or a TCP port "
+            "0-65535 (0 picks a free one; see metrics_address)"
+        )
+
+
+def _check_options(max_queue_size: int, error_policy: str, closure_timeout: Any) -> None:
+    if isinstance(max_queue_size, bool) or not isinstance(max_queue_size, int):
+        raise TypeError(f"max_queue_size={max_queue_size!r}; expected an int")
+    if error_policy not in _ERROR_POLICIES:
+        raise ValueError(
+            f"error_policy={error_policy!r}; expected one of {', '.join(_ERROR_POLICIES)}"
+        )
+    _check_seconds("closure_timeout", closure_timeout)

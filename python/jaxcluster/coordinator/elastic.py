@@ -1,0 +1,201 @@
+"""Elastic workers: which workers a coordinator has, adding and removing them while closures
+run, and re-resolving the cluster on a period (``refresh_interval``).
+
+Worker indices are positions in the order workers joined: the first ones are the
+resolver's ``worker`` tasks 0..n-1 (TF's indices), each added worker takes the next index,
+and an index is never reused. A removed worker keeps its index with the state
+``"removed"``; a worker that returns under the same address after being removed is a new
+worker with a new index. So ``get_current_worker_index()`` on a worker, and the elements of
+``PerWorkerValues`` (one per index), always refer to the same worker process slot.
+
+Example::
+
+    coordinator = ClusterCoordinator(resolver, refresh_interval=30.0)  # follows the resolver
+    coordinator.add_workers(["10.0.0.7:8470"])      # -> [4]: the new worker's index
+    coordinator.remove_workers(["10.0.0.3:8470"])   # drains it, then returns
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from jaxcluster._auth import warn_if_token_in_clear
+
+__all__ = ["Membership", "Refresher"]
+
+_log = logging.getLogger("jaxcluster.coordinator")
+
+
+class Membership:
+    """The workers of one dispatcher, by index: their addresses and which were removed.
+
+    One lock orders every change, so a refresh and a user's call never interleave.
+    """
+
+    def __init__(
+        self, dispatcher: Any, addresses: Sequence[str], token: str | None, tls_ca: bytes | None
+    ) -> None:
+        self._dispatcher = dispatcher
+        self._addresses = list(addresses)
+        self._removed: set[int] = set()
+        self._token, self._tls_ca = token, tls_ca
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        """How many indices there are (removed workers included)."""
+        return len(self._addresses)
+
+    def address(self, index: int) -> str:
+        return self._addresses[index]
+
+    def is_removed(self, index: int) -> bool:
+        return index in self._removed
+
+    def active(self) -> dict[str, int]:
+        """Address → index of every worker not removed."""
+        with self._lock:
+            return {
+                address: index
+                for index, address in enumerate(self._addresses)
+                if index not in self._removed
+            }
+
+    def add(self, addresses: Iterable[str]) -> list[int]:
+        """Adds workers; returns their indices. See ``ClusterCoordinator.add_workers``."""
+        if isinstance(addresses, str):
+            addresses = [addresses]
+        wanted = list(addresses)
+        for address in wanted:
+            if not isinstance(address, str) or ":" not in address or address.startswith(":"):
+                raise ValueError(
+                    f"add_workers(): {address!r} is not a worker address; expected "
+                    "'host:port' strings"
+                )
+        if len(set(wanted)) != len(wanted):
+            raise ValueError(f"add_workers(): an address appears twice in {wanted}")
+        with self._lock:
+            active = {
+                address
+                for index, address in enumerate(self._addresses)
+                if index not in self._removed
+            }
+            present = [address for address in wanted if address in active]
+            if present:
+                raise ValueError(
+                    f"add_workers(): {', '.join(present)} already serve this coordinator; "
+                    "a worker is added once (remove it first to add it again)"
+                )
+            if not wanted:
+                return []
+            warn_if_token_in_clear(wanted, self._token, self._tls_ca, _log, "workers", 3)
+            indices = [int(i) for i in self._dispatcher.add_workers(wanted)]
+            self._addresses.extend(wanted)
+        _log.info("added workers %s as indices %s", wanted, indices)
+        return indices
+
+    def remove(self, which: Iterable[str | int] | str | int) -> list[int]:
+        """Removes workers by address or index; returns their indices once they have
+        left. See ``ClusterCoordinator.remove_workers``."""
+        if isinstance(which, (str, int)):
+            which = [which]
+        with self._lock:
+            active = {
+                address: index
+                for index, address in enumerate(self._addresses)
+                if index not in self._removed
+            }
+            indices: list[int] = []
+            for item in which:
+                if isinstance(item, bool) or not isinstance(item, (str, int)):
+                    raise TypeError(
+                        f"remove_workers(): {item!r}; expected worker addresses ('host:port') "
+                        "or worker indices"
+                    )
+                if isinstance(item, str):
+                    if item not in active:
+                        raise ValueError(
+                            f"remove_workers(): no worker of this coordinator is at {item!r}; "
+                            f"its workers are {sorted(active)}"
+                        )
+                    index = active[item]
+                elif not 0 <= item < len(self._addresses):
+                    raise ValueError(
+                        f"remove_workers(): there is no worker {item}; the indices are 0 to "
+                        f"{len(self._addresses) - 1}"
+                    )
+                elif item in self._removed:
+                    raise ValueError(
+                        f"remove_workers(): worker {item} ({self._addresses[item]}) was "
+                        "already removed"
+                    )
+                else:
+                    index = item
+                if index not in indices:
+                    indices.append(index)
+            if not indices:
+                return []
+            # Blocks (without the GIL) until each has drained and left.
+            self._dispatcher.remove_workers(indices)
+            self._removed.update(indices)
+        _log.info(
+            "removed workers %s (%s)", indices, ", ".join(self._addresses[i] for i in indices)
+        )
+        return indices
+
+
+class Refresher(threading.Thread):
+    """Re-resolves the cluster every ``interval`` seconds and adds or removes workers so
+    the coordinator's match the resolver's ``worker`` tasks.
+
+    A resolver that fails (an API error, a file being rewritten) is logged as a WARNING and
+    asked again next period: the workers stay as they were meanwhile. A refresh that would
+    remove every worker removes none and says so.
+    """
+
+    def __init__(
+        self,
+        membership: Membership,
+        resolve: Callable[[], list[str]],
+        interval: float,
+    ) -> None:
+        super().__init__(name="jaxcluster-refresh", daemon=True)
+        self._membership = membership
+        self._resolve = resolve
+        self._interval = interval
+        self._stopped = threading.Event()
+        self.refreshes = 0  # completed refreshes (tests wait on it)
+        self.changed = threading.Condition()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                self.refresh()
+            except Exception as exc:  # logged, and tried again next period
+                _log.warning("refreshing the cluster's workers failed: %s", exc, exc_info=True)
+            with self.changed:
+                self.refreshes += 1
+                self.changed.notify_all()
+
+    def refresh(self) -> None:
+        """One refresh: resolve, then add what is new and remove what is gone."""
+        wanted = list(dict.fromkeys(self._resolve()))
+        active = self._membership.active()
+        gone = [address for address in active if address not in wanted]
+        new = [address for address in wanted if address not in active]
+        if new:
+            self._membership.add(new)
+        if gone and len(gone) == len(active) and not new:
+            _log.warning(
+                "the resolver lists none of the coordinator's workers (%s); keeping them "
+                "rather than removing every worker",
+                ", ".join(gone),
+            )
+            return
+        if gone:
+            self._membership.remove(gone)
