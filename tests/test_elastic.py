@@ -18,7 +18,7 @@ from jaxcluster import errors
 from jaxcluster.cluster_resolver import KubernetesClusterResolver, SimpleClusterResolver
 from jaxcluster.cluster_spec import ClusterSpec
 from jaxcluster.coordinator import ClusterCoordinator, get_current_worker_index
-from support.closures import local_cluster, wait_until
+from support.closures import TESTS_DIR, local_cluster, wait_until
 from support.k8s_api import FakeKubernetesAPI, write_kubeconfig
 from support.workers import launch
 
@@ -210,8 +210,14 @@ def pod_workers() -> Iterator[tuple[int, list[str]]]:
     """Three workers on 127.0.0.1-3, one port: what three pods of one Deployment are."""
     hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
     port = _free_port_on(hosts)
+    # The closures are this module's functions, pickled by reference: workers import them.
+    path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
     procs = [
-        launch(["--address", f"{host}:{port}", "--index", str(i)], token="pod-token")
+        launch(
+            ["--address", f"{host}:{port}", "--index", str(i)],
+            token="pod-token",
+            env={"PYTHONPATH": path},
+        )
         for i, host in enumerate(hosts)
     ]
     try:
