@@ -166,8 +166,6 @@ class Refresher(threading.Thread):
         self._resolve = resolve
         self._interval = interval
         self._stopped = threading.Event()
-        self.refreshes = 0  # completed refreshes (tests wait on it)
-        self.changed = threading.Condition()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -177,10 +175,13 @@ class Refresher(threading.Thread):
             try:
                 self.refresh()
             except Exception as exc:  # logged, and tried again next period
-                _log.warning("refreshing the cluster's workers failed: %s", exc, exc_info=True)
-            with self.changed:
-                self.refreshes += 1
-                self.changed.notify_all()
+                _log.warning(
+                    "refreshing the cluster's workers failed (the workers stay as they are; "
+                    "asking again in %.0f s): %s",
+                    self._interval,
+                    exc,
+                )
+                _log.debug("the refresh's traceback", exc_info=True)
 
     def refresh(self) -> None:
         """One refresh: resolve, then add what is new and remove what is gone."""
