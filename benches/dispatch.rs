@@ -1,5 +1,5 @@
 //! Closures per second through the dispatcher with the in-memory fake transport: the
-//! ceiling of the Rust path (queue, link threads, runtime hand-off, result cells), with 1 and
+//! ceiling of the Rust path (queue, link tasks, result cells), with 1 and
 //! 4 links. Run with `cargo bench --bench dispatch`.
 
 use std::time::{Duration, Instant};

@@ -11,7 +11,7 @@
 //!
 //! - ready: from `Dispatcher::new` until every link is `up`;
 //! - closures/s for 20,000 trivial closures (scheduled back to back, then joined), the
-//!   median of 3 rounds;
+//!   median of 3 rounds, and the coordinator process's CPU time per closure over them;
 //! - the coordinator's threads and resident memory per worker (after the rounds, minus the
 //!   process before the dispatcher existed);
 //! - kill → detected: one worker's process is killed (`SIGKILL`) while closures run; the time until
@@ -53,8 +53,8 @@ fn main() {
         sizes
     };
     println!(
-        "{:>8} {:>10} {:>12} {:>9} {:>14} {:>16}",
-        "workers", "ready", "closures/s", "threads", "RSS/worker", "kill->detected"
+        "{:>8} {:>10} {:>12} {:>10} {:>9} {:>14} {:>16}",
+        "workers", "ready", "closures/s", "coord CPU", "threads", "RSS/worker", "kill->detected"
     );
     for size in sizes {
         measure(size);
@@ -153,6 +153,59 @@ fn echo(server: &WorkerServer, stopping: &AtomicBool) {
     }
 }
 
+/// CPU time (user + system) this process has used, from `/proc/self/stat` (clock ticks of
+/// 10 ms on Linux).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) start after the last ')'.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 of stat, 12 and 13 after the name and state.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// A dispatcher over `addresses`, once every link is `up`.
+fn connect(addresses: &[String]) -> Dispatcher {
+    let started = Instant::now();
+    let clients: Vec<WorkerClient> = {
+        let _context = runtime().expect("runtime").enter();
+        addresses
+            .iter()
+            .map(|address| {
+                let mut config = ClientConfig::new(address.clone());
+                config.auth_token = Some(TOKEN.to_owned());
+                WorkerClient::connect_lazy(&config).expect("client")
+            })
+            .collect()
+    };
+    let config = DispatcherConfig {
+        error_policy: _core::dispatch::ErrorPolicy::PerClosure,
+        ..DispatcherConfig::default()
+    };
+    let dispatcher = Dispatcher::new(clients, config).expect("dispatcher");
+    while !dispatcher
+        .worker_statuses()
+        .iter()
+        .all(|worker| worker.state == LinkState::Up)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "workers never all up"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    dispatcher
+}
+
 /// `(threads, resident KiB)` of this process.
 fn process_usage() -> (usize, usize) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -177,35 +230,7 @@ fn measure(size: usize) {
     let (threads_before, rss_before) = process_usage();
 
     let started = Instant::now();
-    let clients: Vec<WorkerClient> = {
-        let _context = runtime().expect("runtime").enter();
-        addresses
-            .iter()
-            .map(|address| {
-                let mut config = ClientConfig::new(address.clone());
-                config.auth_token = Some(TOKEN.to_owned());
-                WorkerClient::connect_lazy(&config).expect("client")
-            })
-            .collect()
-    };
-    let config = DispatcherConfig {
-        error_policy: _core::dispatch::ErrorPolicy::PerClosure,
-        ..DispatcherConfig::default()
-    };
-    let dispatcher = Dispatcher::new(clients, config).expect("dispatcher");
-    let all_up = || {
-        dispatcher
-            .worker_statuses()
-            .iter()
-            .all(|worker| worker.state == LinkState::Up)
-    };
-    while !all_up() {
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "workers never all up"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    let dispatcher = connect(&addresses);
     let ready = started.elapsed();
 
     let hash = _core::rpc::content_hash(ECHO);
@@ -217,6 +242,7 @@ fn measure(size: usize) {
         buffers: vec![],
     };
     let mut rates = Vec::new();
+    let cpu_before = cpu_seconds();
     for _ in 0..3 {
         let round = Instant::now();
         for _ in 0..CLOSURES {
@@ -231,6 +257,8 @@ fn measure(size: usize) {
         rates.push(CLOSURES as f64 / round.elapsed().as_secs_f64());
     }
     rates.sort_by(f64::total_cmp);
+    #[allow(clippy::cast_precision_loss)]
+    let cpu_per_closure = (cpu_seconds() - cpu_before) / (3 * CLOSURES) as f64;
     let (threads, rss) = process_usage();
 
     // SIGKILL one worker's process while closures run.
@@ -263,9 +291,10 @@ fn measure(size: usize) {
     #[allow(clippy::cast_precision_loss)]
     let per_worker = rss.saturating_sub(rss_before) as f64 / size as f64;
     println!(
-        "{size:>8} {:>9.2}s {:>12.0} {:>9} {:>11.1} KiB {:>9.0} ms ({retried} retried)",
+        "{size:>8} {:>9.2}s {:>12.0} {:>8.1}µs {:>9} {:>11.1} KiB {:>9.0} ms ({retried} retried)",
         ready.as_secs_f64(),
         rates[1],
+        cpu_per_closure * 1e6,
         threads - threads_before,
         per_worker,
         detected.as_secs_f64() * 1000.0,

@@ -615,8 +615,8 @@ class ClosureQueue:
         """The ``max_size`` given to the constructor."""
 
 # --- Dispatcher (rust/py/dispatch.rs) --------------------------------------------------------
-# The coordinator's Rust dispatcher: one thread per worker moves closures over gRPC with no
-# GIL on that path. A closure's failure is raised as the exception that
+# The coordinator's Rust dispatcher: one task per worker, on the runtime's few threads, moves
+# closures over gRPC with no GIL on that path. A closure's failure is raised as the exception that
 # ``jaxcluster.coordinator._errors.build_exception(closure_error)`` builds from its
 # :class:`ClosureError`.
 

@@ -5,11 +5,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use super::closure::{CancelContext, Closure, Work};
 use super::config::DispatcherConfig;
@@ -194,7 +194,7 @@ pub struct MetricsSnapshot {
     pub latency: LatencySnapshot,
 }
 
-/// Moves closures to workers: one link (thread) per worker, one closure at a time each.
+/// Moves closures to workers: one link (a task on the shared runtime) per worker.
 /// See the [module documentation](super) for threads, failures and ownership.
 ///
 /// ```
@@ -216,8 +216,8 @@ pub struct MetricsSnapshot {
 /// ```
 pub struct Dispatcher {
     shared: Arc<Shared>,
-    /// Each running link's thread, by worker index.
-    threads: Mutex<HashMap<usize, JoinHandle<()>>>,
+    /// Each running link's task, by worker index.
+    links: Mutex<HashMap<usize, JoinHandle<()>>>,
     /// Each link's transport, shared with the link, for [`Dispatcher::refresh_statuses`].
     probes: Mutex<Vec<Arc<dyn StatusProbe>>>,
     /// Held while workers join or leave, and while a per-worker resource is created, so a
@@ -257,7 +257,7 @@ impl Dispatcher {
         });
         let dispatcher = Self {
             shared,
-            threads: Mutex::new(HashMap::new()),
+            links: Mutex::new(HashMap::new()),
             probes: Mutex::new(Vec::new()),
             membership: Mutex::new(()),
         };
@@ -304,20 +304,9 @@ impl Dispatcher {
                 }
             }
             let slot = self.shared.balance.add_link();
-            let link = Link::new(
-                transport,
-                Arc::clone(&self.shared),
-                runtime.clone(),
-                status,
-                slot,
-            );
-            let thread = std::thread::Builder::new()
-                .name(format!("jaxcluster-link-{index}"))
-                .spawn(move || link.run())
-                .map_err(|e| {
-                    DispatchError::Internal(format!("could not start a link thread: {e}"))
-                })?;
-            self.lock_threads().insert(index, thread);
+            let link = Link::new(transport, Arc::clone(&self.shared), status, slot);
+            let task = runtime.spawn(link.run());
+            self.lock_links().insert(index, task);
             indices.push(index);
         }
         self.shared.membership_changed();
@@ -388,13 +377,14 @@ impl Dispatcher {
             }
             leaving
         };
-        for index in leaving {
-            let thread = self.lock_threads().remove(&index);
-            if let Some(thread) = thread {
-                // A link that panicked has nothing left to clean up.
-                let _ = thread.join();
-            }
-        }
+        let tasks: Vec<JoinHandle<()>> = {
+            let mut links = self.lock_links();
+            leaving
+                .iter()
+                .filter_map(|index| links.remove(index))
+                .collect()
+        };
+        await_links(tasks);
         self.shared.membership_changed();
         Ok(())
     }
@@ -688,16 +678,13 @@ impl Dispatcher {
     }
 
     /// Stops dispatching: in-flight RPCs are abandoned, queued and in-flight closures are
-    /// cancelled, link threads are joined. Idempotent; also run on drop.
+    /// cancelled, link tasks are awaited. Idempotent; also run on drop.
     pub fn shutdown(&self) {
         self.shared.cancel.stopping.store(true, Ordering::Release);
         self.shared.stop.send_replace(true);
         self.shared.queue.stop();
-        let threads = std::mem::take(&mut *self.lock_threads());
-        for thread in threads.into_values() {
-            // A link that panicked has nothing left to clean up; the others are unaffected.
-            let _ = thread.join();
-        }
+        let tasks = std::mem::take(&mut *self.lock_links());
+        await_links(tasks.into_values().collect());
     }
 
     /// Whether [`shutdown`](Self::shutdown) was called.
@@ -705,8 +692,8 @@ impl Dispatcher {
         *self.shared.stop.borrow()
     }
 
-    fn lock_threads(&self) -> MutexGuard<'_, HashMap<usize, JoinHandle<()>>> {
-        self.threads.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock_links(&self) -> MutexGuard<'_, HashMap<usize, JoinHandle<()>>> {
+        self.links.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn lock_probes(&self) -> MutexGuard<'_, Vec<Arc<dyn StatusProbe>>> {
@@ -733,6 +720,24 @@ impl std::fmt::Debug for Dispatcher {
             .field("queue", &self.shared.queue)
             .finish_non_exhaustive()
     }
+}
+
+/// Waits until the link tasks `tasks` have ended (a link that panicked has nothing left to
+/// clean up). Called from a thread outside the runtime, it blocks; from inside one (a
+/// dispatcher dropped in async code) it cannot, and the links end on their own, having
+/// been told to.
+fn await_links(tasks: Vec<JoinHandle<()>>) {
+    if tasks.is_empty() || tokio::runtime::Handle::try_current().is_ok() {
+        return;
+    }
+    let Ok(runtime) = crate::runtime::runtime() else {
+        return;
+    };
+    runtime.block_on(async {
+        for task in tasks {
+            let _ = task.await;
+        }
+    });
 }
 
 /// The one mapping from queue errors to dispatcher errors.

@@ -4,8 +4,8 @@
 //! The GIL is held only to convert arguments and results. Every wait (a full queue in
 //! `schedule`, `join`, `done`, `ResultCell.wait`) runs with the GIL released and takes it
 //! back every [`SIGNAL_POLL`] just long enough to run signal handlers, so Ctrl-C
-//! interrupts it (`super::blocking`); `shutdown` joins the link threads with the GIL
-//! released (they never need it, so it cannot deadlock). A settled cell hands Python an
+//! interrupts it (`super::blocking`); `shutdown` waits for the link tasks with the GIL
+//! released (the links take it only to log, so they cannot deadlock on it). A settled cell hands Python an
 //! `EncodedValue` or a `ClosureError` (`super::outcome`), and a closure's failure raised
 //! here becomes a Python exception through
 //! `jaxcluster.coordinator._errors.build_exception(closure_error)` (Python owns rebuilding

@@ -203,6 +203,11 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
     pub(super) fn wake_one(&self, signal: Option<Signal>) {
         if let Some(signal) = signal {
             self.signals.condvar(signal).notify_one();
+            if signal == Signal::NotEmpty {
+                // Whichever kind of getter sleeps; a permit nobody waits for costs an async
+                // getter one extra look at the queue.
+                self.signals.not_empty_async().notify_one();
+            }
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use super::closure_queue::ClosureQueue;
@@ -48,6 +48,61 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
         self.get_with(tag, &mut WaitPolicy::timeout(timeout))
             .ok()
             .flatten()
+    }
+
+    /// [`get`](Self::get) for async callers: awaits instead of blocking a thread (a
+    /// dispatcher's links are tasks on the runtime). `None` on timeout or once stopped.
+    /// Cancel-safe: dropping the future takes nothing from the queue.
+    pub async fn get_async(&self, tag: Option<Tag>, timeout: Option<Duration>) -> Option<T> {
+        /// Counts an async getter as sleeping while it waits, and uncounts it however the
+        /// wait ends (woken, timed out, or the future dropped).
+        struct Sleeping<'q, T, E>(&'q ClosureQueue<T, E>);
+        impl<T, E> Drop for Sleeping<'_, T, E> {
+            fn drop(&mut self) {
+                let mut state = self.0.state.lock().unwrap_or_else(PoisonError::into_inner);
+                state.sleepers.async_getters -= 1;
+            }
+        }
+        let deadline = timeout.map(|timeout| tokio::time::Instant::now() + timeout);
+        loop {
+            let notified = self.signals.not_empty_async().notified();
+            tokio::pin!(notified);
+            let sleeping = {
+                let mut state = self.lock();
+                if state.stopped {
+                    return None;
+                }
+                let (item, wake) = self.take(&mut state, tag);
+                if item.is_some() {
+                    drop(state);
+                    self.wake_one(wake);
+                    return item;
+                }
+                // Registered before the lock is released, so a put after this look
+                // cannot be missed.
+                notified.as_mut().enable();
+                state.sleepers.async_getters += 1;
+                Sleeping(self)
+            };
+            let woken = match deadline {
+                None => {
+                    notified.await;
+                    true
+                }
+                Some(deadline) => tokio::time::timeout_at(deadline, notified).await.is_ok(),
+            };
+            drop(sleeping);
+            if !woken {
+                let mut state = self.lock();
+                if state.stopped {
+                    return None;
+                }
+                let (item, wake) = self.take(&mut state, tag);
+                drop(state);
+                self.wake_one(wake);
+                return item;
+            }
+        }
     }
 
     /// [`get`](Self::get) with a deadline and interrupt check; fails only with

@@ -39,6 +39,9 @@ pub(super) struct State<T, E> {
 #[derive(Debug, Default)]
 pub(super) struct Sleepers {
     pub getters: usize,
+    /// Getters awaiting in [`ClosureQueue::get_async`](super::ClosureQueue::get_async): they
+    /// wait on a `tokio` `Notify` rather than the condvar.
+    pub async_getters: usize,
     pub putters_full: usize,
     pub putters_gate: usize,
     pub idle: usize,
@@ -85,13 +88,15 @@ pub(super) enum Signal {
     Idle,
 }
 
-/// The four condition variables, all paired with the state mutex.
+/// The four condition variables, all paired with the state mutex, and the `Notify` async
+/// getters wait on for [`Signal::NotEmpty`].
 #[derive(Debug, Default)]
 pub(super) struct Signals {
     not_empty: Condvar,
     not_full: Condvar,
     gate_open: Condvar,
     idle: Condvar,
+    not_empty_async: tokio::sync::Notify,
 }
 
 impl Signals {
@@ -104,15 +109,25 @@ impl Signals {
         }
     }
 
-    /// Whether `signal` has sleepers; read under the lock, to notify after releasing it.
-    pub fn has_sleepers<T, E>(state: &State<T, E>, signal: Signal) -> bool {
-        *sleepers(&state.sleepers, signal) > 0
+    /// What async getters wait on.
+    pub fn not_empty_async(&self) -> &tokio::sync::Notify {
+        &self.not_empty_async
     }
 
-    /// Wakes one sleeper of `signal`, if any sleeps. Call with the lock held.
+    /// Whether `signal` has sleepers (async getters included); read under the lock, to
+    /// notify after releasing it.
+    pub fn has_sleepers<T, E>(state: &State<T, E>, signal: Signal) -> bool {
+        *sleepers(&state.sleepers, signal) > 0
+            || (signal == Signal::NotEmpty && state.sleepers.async_getters > 0)
+    }
+
+    /// Wakes one sleeper of `signal`, if any sleeps: a thread on the condvar first, else an
+    /// async getter. Call with the lock held.
     pub fn notify_one<T, E>(&self, state: &State<T, E>, signal: Signal) {
         if *sleepers(&state.sleepers, signal) > 0 {
             self.condvar(signal).notify_one();
+        } else if signal == Signal::NotEmpty && state.sleepers.async_getters > 0 {
+            self.not_empty_async.notify_one();
         }
     }
 
@@ -120,6 +135,9 @@ impl Signals {
     pub fn notify_all<T, E>(&self, state: &State<T, E>, signal: Signal) {
         if *sleepers(&state.sleepers, signal) > 0 {
             self.condvar(signal).notify_all();
+        }
+        if signal == Signal::NotEmpty && state.sleepers.async_getters > 0 {
+            self.not_empty_async.notify_waiters();
         }
     }
 }

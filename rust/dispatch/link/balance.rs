@@ -119,13 +119,20 @@ impl Balance {
         self.links.write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Runs `take` (an idle link taking work from the queue) counted as an idle link, so
-    /// no busy link pipelines meanwhile.
-    pub fn while_idle<R>(&self, take: impl FnOnce() -> R) -> R {
+    /// Awaits `take` (an idle link taking work from the queue) counted as an idle link, so
+    /// no busy link pipelines meanwhile; uncounted however it ends (the future may be
+    /// dropped when the dispatcher stops).
+    pub async fn while_idle<R>(&self, take: impl std::future::Future<Output = R>) -> R {
+        /// Uncounts the idle link on drop.
+        struct Idle<'a>(&'a AtomicUsize);
+        impl Drop for Idle<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
         self.idle.fetch_add(1, Ordering::SeqCst);
-        let taken = take();
-        self.idle.fetch_sub(1, Ordering::SeqCst);
-        taken
+        let _idle = Idle(&self.idle);
+        take.await
     }
 
     /// Whether some link is idle, waiting for work.

@@ -53,17 +53,20 @@ impl<T: WorkerTransport> Link<T> {
     /// registered. The error is what to do with the closure instead.
     // The large error is the verdict itself, moved once on a rare path.
     #[allow(clippy::result_large_err)]
-    pub(super) fn prepare(&mut self, closure: &Closure) -> Result<(), Verdict> {
+    pub(super) async fn prepare(&mut self, closure: &Closure) -> Result<(), Verdict> {
         for resource in &closure.resources {
-            self.ensure_input(resource)?;
+            self.ensure_input(resource).await?;
         }
-        self.ensure_function_verdict(closure)
+        self.ensure_function_verdict(closure).await
     }
 
     /// Registers `closure`'s function on this worker unless it holds it already.
     #[allow(clippy::result_large_err)]
-    pub(super) fn ensure_function_verdict(&mut self, closure: &Closure) -> Result<(), Verdict> {
-        match self.ensure_function(&closure.function) {
+    pub(super) async fn ensure_function_verdict(
+        &mut self,
+        closure: &Closure,
+    ) -> Result<(), Verdict> {
+        match self.ensure_function(&closure.function).await {
             Ok(()) => Ok(()),
             Err(NotRegistered::Interrupted(interruption)) => Err(interruption.into()),
             Err(NotRegistered::Refused(failure)) => Err(Verdict::Done(Err(failure))),
@@ -71,14 +74,18 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// What a worker-reported error for `closure` means.
-    pub(super) fn read_error(&mut self, error: pb::ClosureError, closure: &Closure) -> Verdict {
+    pub(super) async fn read_error(
+        &mut self,
+        error: pb::ClosureError,
+        closure: &Closure,
+    ) -> Verdict {
         let kind = pb::ErrorKind::try_from(error.kind).unwrap_or(pb::ErrorKind::Unspecified);
         if kind == pb::ErrorKind::Infrastructure && closure.infra_retries < MAX_INFRA_RETRIES {
             return Verdict::Retry(error.message);
         }
         // A resource the worker does not have, although we built it there, means the
         // worker restarted unnoticed: rebuild rather than fail the closure.
-        if kind == pb::ErrorKind::Input && error.resource_id.is_some() && self.worker_lost() {
+        if kind == pb::ErrorKind::Input && error.resource_id.is_some() && self.worker_lost().await {
             return Verdict::WorkerFailed(
                 "the worker restarted and lost its per-worker resources".to_owned(),
             );
@@ -89,12 +96,12 @@ impl<T: WorkerTransport> Link<T> {
     /// Makes sure `resource` is usable on this worker, building it first if needed.
     // The large error is the verdict itself, moved once on a rare path.
     #[allow(clippy::result_large_err)]
-    fn ensure_input(&mut self, resource: &Arc<ResourceInner>) -> Result<(), Verdict> {
+    async fn ensure_input(&mut self, resource: &Arc<ResourceInner>) -> Result<(), Verdict> {
         if resource.is_released() {
             return Err(Verdict::Done(Err(released_input(resource, self.address()))));
         }
         if let ResourceState::Pending | ResourceState::Aborted = resource.state(self.index) {
-            self.create_resource(resource)?;
+            self.create_resource(resource).await?;
         }
         match resource.state(self.index) {
             ResourceState::Ready => Ok(()),
@@ -109,14 +116,17 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Builds `resource` on this worker. A build that fails for the user's reasons leaves
     /// the state `Failed` and is `Ok` here; only stopping or losing the worker is an error.
-    pub(super) fn create_resource(&mut self, resource: &ResourceInner) -> Result<(), Interruption> {
+    pub(super) async fn create_resource(
+        &mut self,
+        resource: &ResourceInner,
+    ) -> Result<(), Interruption> {
         if resource.is_released() || resource.is_lost(self.index) {
             return Ok(());
         }
         resource.set_state(self.index, ResourceState::Pending);
         let mut registered_again = false;
         loop {
-            match self.ensure_function(&resource.function) {
+            match self.ensure_function(&resource.function).await {
                 Ok(()) => {}
                 Err(NotRegistered::Interrupted(interruption)) => return Err(interruption),
                 Err(NotRegistered::Refused(failure)) => {
@@ -133,14 +143,14 @@ impl<T: WorkerTransport> Link<T> {
             // Building runs user code (e.g. a dataset_fn) for as long as it takes, like a
             // closure without a timeout; a vanished worker is noticed by keepalive.
             let create = self.transport.create_resource(request, None);
-            let Some(answer) = self.call(create) else {
+            let Some(answer) = self.call(create).await else {
                 return Err(Interruption::Stopped);
             };
             let state = match answer {
                 Ok(pb::CreateResourceResponse { error: None, .. }) => {
                     if !resource.mark_ready(self.index) {
                         // Released while it was being built: drop it at once.
-                        self.release_now(resource);
+                        self.release_now(resource).await;
                     }
                     return Ok(());
                 }
@@ -151,7 +161,7 @@ impl<T: WorkerTransport> Link<T> {
                     self.address(),
                 ))),
                 Err(RpcError::NotFound(_)) if !registered_again => {
-                    if self.worker_lost() {
+                    if self.worker_lost().await {
                         return Err(Interruption::WorkerFailed(
                             "the worker restarted and lost its functions".to_owned(),
                         ));
@@ -160,13 +170,15 @@ impl<T: WorkerTransport> Link<T> {
                     registered_again = true;
                     continue;
                 }
-                Err(error) if self.is_worker_failure(&error) => {
-                    return Err(Interruption::WorkerFailed(error.message().to_owned()));
+                Err(error) => {
+                    if self.is_worker_failure(&error).await {
+                        return Err(Interruption::WorkerFailed(error.message().to_owned()));
+                    }
+                    ResourceState::Failed(Arc::new(ClosureFailure::from_rpc(
+                        &error,
+                        self.address(),
+                    )))
                 }
-                Err(error) => ResourceState::Failed(Arc::new(ClosureFailure::from_rpc(
-                    &error,
-                    self.address(),
-                ))),
             };
             resource.set_state(self.index, state);
             return Ok(());
@@ -176,14 +188,14 @@ impl<T: WorkerTransport> Link<T> {
     /// Sends `function` to this worker unless it already holds it.
     // The large error is a failure moved once on a rare path.
     #[allow(clippy::result_large_err)]
-    fn ensure_function(&mut self, function: &Function) -> Result<(), NotRegistered> {
+    async fn ensure_function(&mut self, function: &Function) -> Result<(), NotRegistered> {
         if self.sent.contains(function.hash()) {
             return Ok(());
         }
         let register = self
             .transport
             .register_function(function.register_request(), Some(REGISTER_TIMEOUT));
-        let Some(answer) = self.call(register) else {
+        let Some(answer) = self.call(register).await else {
             return Err(NotRegistered::Interrupted(Interruption::Stopped));
         };
         match answer {
@@ -192,13 +204,18 @@ impl<T: WorkerTransport> Link<T> {
                 self.sent.insert(*function.hash());
                 Ok(())
             }
-            Err(error) if self.is_worker_failure(&error) => Err(NotRegistered::Interrupted(
-                Interruption::WorkerFailed(error.message().to_owned()),
-            )),
-            Err(error) => Err(NotRegistered::Refused(ClosureFailure::from_rpc(
-                &error,
-                self.address(),
-            ))),
+            Err(error) => {
+                if self.is_worker_failure(&error).await {
+                    Err(NotRegistered::Interrupted(Interruption::WorkerFailed(
+                        error.message().to_owned(),
+                    )))
+                } else {
+                    Err(NotRegistered::Refused(ClosureFailure::from_rpc(
+                        &error,
+                        self.address(),
+                    )))
+                }
+            }
         }
     }
 }

@@ -190,14 +190,18 @@ impl<T: WorkerTransport> Link<T> {
     /// While no worker of the cluster was ever reached and `connect_timeout` has passed:
     /// fails whatever reaches this link for up to `pause`, with `message` (which names
     /// every worker and its last error). Returns `false` once the dispatcher stopped.
-    pub(super) fn fail_arrivals(&mut self, message: &str, pause: Duration) -> bool {
+    pub(super) async fn fail_arrivals(&mut self, message: &str, pause: Duration) -> bool {
         let until = Instant::now() + pause;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return !*self.stop.borrow();
             }
-            match self.shared.queue.get(Some(self.tag()), Some(left)) {
+            let arrived = self
+                .call(self.shared.queue.get_async(Some(self.tag()), Some(left)))
+                .await
+                .flatten();
+            match arrived {
                 None => return !*self.stop.borrow(),
                 // Another link reached its worker meanwhile: the cluster is usable again,
                 // so this closure goes back for that link (and this one probes again).

@@ -1,10 +1,10 @@
-//! One link per worker: a thread that feeds its worker closures over a `RunClosures`
+//! One link per worker: a task that feeds its worker closures over a `RunClosures`
 //! stream, and the worker's state machine (`up` → `recovering` → `up` | `given_up`) with
 //! reconnection backoff and resource rebuilding.
 //!
 //! [`Link`] is one type whose `impl` is split by concern, all in this folder:
 //!
-//! - `mod.rs` (this file): the type, the thread's loop over the states, serving one piece
+//! - `mod.rs` (this file): the type, the task's loop over the states, serving one piece
 //!   of work, settling a closure, and running a future on the shared runtime.
 //! - `execute.rs`: preparing a closure (its per-worker inputs, its function registered)
 //!   and what a worker's error for it means (its `Verdict`).
@@ -30,7 +30,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::runtime::Handle;
 use tokio::sync::watch;
 
 use super::closure::{Closure, Work};
@@ -66,7 +65,7 @@ enum Interruption {
     WorkerFailed(String),
 }
 
-/// The serving side of one worker; owned by its thread. Its fields are private to this
+/// The serving side of one worker; owned by its task. Its fields are private to this
 /// folder: the parts of its `impl` share them, nothing else does.
 pub(crate) struct Link<T> {
     index: usize,
@@ -81,7 +80,6 @@ pub(crate) struct Link<T> {
     /// Shared with the dispatcher, which probes `GetStatus` through it for a live view.
     transport: Arc<T>,
     shared: Arc<Shared>,
-    runtime: Handle,
     stop: watch::Receiver<bool>,
     /// Functions this worker holds since it last (re)connected.
     sent: SentFunctions,
@@ -111,7 +109,6 @@ impl<T: WorkerTransport> Link<T> {
     pub fn new(
         transport: Arc<T>,
         shared: Arc<Shared>,
-        runtime: Handle,
         status: Arc<LinkStatus>,
         slot: Arc<LinkSlot>,
     ) -> Self {
@@ -124,7 +121,6 @@ impl<T: WorkerTransport> Link<T> {
             leaving: false,
             transport,
             shared,
-            runtime,
             stop,
             sent: SentFunctions::default(),
             incarnation: None,
@@ -149,18 +145,18 @@ impl<T: WorkerTransport> Link<T> {
         self.transport.address()
     }
 
-    /// The thread body: connect, wait out the staggered start, then serve until stopped
+    /// The task body: connect, wait out the staggered start, then serve until stopped
     /// or removed.
-    pub fn run(mut self) {
-        self.serve_until_stopped();
+    pub async fn run(mut self) {
+        self.serve_until_stopped().await;
         if self.status.is_retiring() && !*self.stop.borrow() {
-            self.leave();
+            self.leave().await;
         } else {
             self.abandon();
         }
     }
 
-    fn serve_until_stopped(&mut self) {
+    async fn serve_until_stopped(&mut self) {
         let serve_from = Instant::now() + self.shared.config.start_delay.for_worker(self.index);
         loop {
             if *self.stop.borrow() {
@@ -175,27 +171,29 @@ impl<T: WorkerTransport> Link<T> {
                 return;
             }
             match self.status.state() {
-                LinkState::Recovering => match self.recover() {
+                LinkState::Recovering => match self.recover().await {
                     Recovery::Up | Recovery::GaveUp => {}
                     Recovery::Stopped => return,
                 },
                 LinkState::Up if Instant::now() < serve_from => {
-                    if !self.sleep(serve_from - Instant::now()) {
+                    if !self.sleep(serve_from - Instant::now()).await {
                         return;
                     }
                 }
-                LinkState::Up if !self.pipeline.outstanding.is_empty() => self.await_answers(),
+                LinkState::Up if !self.pipeline.outstanding.is_empty() => {
+                    self.await_answers().await;
+                }
                 LinkState::Up => {
                     let work = match self.held.take() {
                         Some(work) => work,
-                        None => match self.take_when_idle() {
+                        None => match self.take_when_idle().await {
                             Some(work) => work,
                             None => return, // the queue was stopped
                         },
                     };
-                    self.serve(work);
+                    self.serve(work).await;
                 }
-                LinkState::GivenUp => self.drain_when_all_given_up(),
+                LinkState::GivenUp => self.drain_when_all_given_up().await,
                 LinkState::Removed => return,
             }
         }
@@ -204,7 +202,7 @@ impl<T: WorkerTransport> Link<T> {
     /// Leaves the cluster (`remove_workers`): releases the worker's per-worker resources
     /// (the worker keeps running; its copies would otherwise stay allocated), hands back
     /// this worker's queued resource work, and marks the link `removed`.
-    fn leave(&mut self) {
+    async fn leave(&mut self) {
         // Normally empty: the link drained before leaving. A closure still here is put
         // back, not cancelled (the queue runs on).
         self.abandon();
@@ -218,7 +216,7 @@ impl<T: WorkerTransport> Link<T> {
         }
         if !held.is_empty() {
             let release = self.transport.release_resource(held, Some(RELEASE_TIMEOUT));
-            let _ = self.call(release);
+            let _ = self.call(release).await;
         }
         for work in self.shared.queue.take_tagged(self.tag()) {
             crate::queue::Cancel::cancel(work);
@@ -236,9 +234,9 @@ impl<T: WorkerTransport> Link<T> {
         );
     }
 
-    fn serve(&mut self, work: Work) {
+    async fn serve(&mut self, work: Work) {
         match work {
-            Work::Closure(closure) => self.run_closure(closure),
+            Work::Closure(closure) => self.run_closure(closure).await,
             Work::CreateResource { resource, .. } => {
                 let Some(resource) = resource.upgrade() else {
                     return; // released before its turn
@@ -247,7 +245,8 @@ impl<T: WorkerTransport> Link<T> {
                     resource.state(self.index),
                     ResourceState::Pending | ResourceState::Aborted
                 ) {
-                    if let Err(Interruption::WorkerFailed(reason)) = self.create_resource(&resource)
+                    if let Err(Interruption::WorkerFailed(reason)) =
+                        self.create_resource(&resource).await
                     {
                         self.worker_failed(&reason);
                     }
@@ -258,8 +257,8 @@ impl<T: WorkerTransport> Link<T> {
                 let release = self
                     .transport
                     .release_resource(vec![resource_id], Some(RELEASE_TIMEOUT));
-                if let Some(Err(error)) = self.call(release) {
-                    if self.is_worker_failure(&error) {
+                if let Some(Err(error)) = self.call(release).await {
+                    if self.is_worker_failure(&error).await {
                         self.worker_failed(error.message());
                     }
                 }
@@ -269,18 +268,18 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Starts one closure on an idle worker (then sends more if the pipelining rule
     /// allows), or settles it if it cannot start.
-    fn run_closure(&mut self, closure: Closure) {
+    async fn run_closure(&mut self, closure: Closure) {
         if self.shared.balance.failure_pending() {
             // A closure failed under cancel_all: nothing queued starts until the error is
             // raised. Handing the closure back cancels it (the queue holds the error); in
             // the instant after the error was raised it is simply queued again.
             let verdict = self.shared.queue.put_back(Work::Closure(closure));
             debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
-            std::thread::yield_now();
+            tokio::task::yield_now().await;
             return;
         }
-        match self.prepare(&closure) {
-            Ok(()) => self.send_with_top_up(vec![closure]),
+        match self.prepare(&closure).await {
+            Ok(()) => self.send_with_top_up(vec![closure]).await,
             Err(verdict) => self.settle(closure, verdict),
         }
     }
@@ -354,7 +353,7 @@ impl<T: WorkerTransport> Link<T> {
 
     /// `closure_timeout` expired: retry elsewhere once, then fail naming the workers; this
     /// worker takes nothing new until it reports idle.
-    fn timed_out(&mut self, mut closure: Closure) {
+    async fn timed_out(&mut self, mut closure: Closure) {
         let address = self.address().to_owned();
         closure.timed_out_on.push(address.clone());
         let limit = self.shared.config.closure_timeout.unwrap_or_default();
@@ -386,17 +385,20 @@ impl<T: WorkerTransport> Link<T> {
         } else {
             self.put_back(closure);
         }
-        self.wait_until_idle();
+        self.wait_until_idle().await;
     }
 
     /// Polls `GetStatus` until the worker has nothing queued or running.
-    fn wait_until_idle(&mut self) {
+    async fn wait_until_idle(&mut self) {
         let mut pause = IDLE_POLL.0;
         loop {
-            let Some(status) = self.call(
-                self.transport
-                    .get_status(Some(self.shared.config.probe_timeout)),
-            ) else {
+            let Some(status) = self
+                .call(
+                    self.transport
+                        .get_status(Some(self.shared.config.probe_timeout)),
+                )
+                .await
+            else {
                 return;
             };
             match status {
@@ -411,15 +413,17 @@ impl<T: WorkerTransport> Link<T> {
                         return;
                     }
                 }
-                Err(error) if self.is_worker_failure(&error) => {
-                    self.worker_failed(error.message());
+                Err(error) => {
+                    if self.is_worker_failure(&error).await {
+                        self.worker_failed(error.message());
+                    }
+                    // Otherwise a definite answer (e.g. a refused token) means the worker
+                    // is not busy with our closure any more; serving resumes and reports
+                    // that error.
                     return;
                 }
-                // A definite answer (e.g. a refused token) means the worker is not busy
-                // with our closure any more; serving resumes and reports that error.
-                Err(_) => return,
             }
-            if !self.sleep(pause) {
+            if !self.sleep(pause).await {
                 return;
             }
             pause = (pause * 2).min(IDLE_POLL.1);
@@ -476,49 +480,48 @@ impl<T: WorkerTransport> Link<T> {
         debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
     }
 
-    /// Runs `future` on the shared runtime from this thread; `None` if the dispatcher
-    /// stopped first (the future is dropped, cancelling its RPC).
-    fn call<F: Future>(&self, future: F) -> Option<F::Output> {
-        run_on(&self.runtime, &self.stop, future)
+    /// Awaits `future` unless the dispatcher stops first: then `None` (the future is
+    /// dropped, cancelling its RPC). The returned future holds no reference to the link
+    /// (a link is `Send` but not `Sync`: its stream is not).
+    fn call<F: Future>(&self, future: F) -> impl Future<Output = Option<F::Output>> {
+        until_stopped(&self.stop, future)
     }
 
     /// Sleeps unless the dispatcher stops (or this link is asked to leave) first; returns
     /// whether it slept through.
-    fn sleep(&self, pause: Duration) -> bool {
+    fn sleep(&self, pause: Duration) -> impl Future<Output = bool> {
         let mut retiring = self.retiring.clone();
-        // Built inside the runtime: a tokio timer cannot be created outside one.
-        self.call(async move {
+        let slept = self.call(async move {
             tokio::select! {
                 () = tokio::time::sleep(pause) => true,
                 _ = retiring.wait_for(|retiring| *retiring) => false,
             }
-        })
-        .unwrap_or(false)
+        });
+        async move { slept.await.unwrap_or(false) }
     }
 
     /// Releases `resource` on this worker right away (it was released while being built).
-    fn release_now(&self, resource: &ResourceInner) {
+    async fn release_now(&mut self, resource: &ResourceInner) {
         let release = self
             .transport
             .release_resource(vec![resource.id], Some(RELEASE_TIMEOUT));
-        let _ = self.call(release);
+        let _ = self.call(release).await;
     }
 }
 
-/// Runs `future` on `runtime` from the calling thread; `None` if `stop` turned true first
-/// (the future is dropped, cancelling its RPC). A free function, so a caller can lend it
-/// a future that borrows other fields of the link mutably.
-fn run_on<F: Future>(
-    runtime: &Handle,
+/// Awaits `future` unless `stop` turns true first: then `None` (the future is dropped,
+/// cancelling its RPC). A free function, so a caller can lend it a future that borrows
+/// other fields of the link mutably.
+fn until_stopped<F: Future>(
     stop: &watch::Receiver<bool>,
     future: F,
-) -> Option<F::Output> {
+) -> impl Future<Output = Option<F::Output>> {
     let mut stop = stop.clone();
-    runtime.block_on(async move {
+    async move {
         tokio::select! {
             biased;
             _ = stop.wait_for(|stopped| *stopped) => None,
             output = future => Some(output),
         }
-    })
+    }
 }

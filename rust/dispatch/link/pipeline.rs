@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use prost::Message;
 
 use super::execute::Verdict;
-use super::{run_on, Link};
+use super::{until_stopped, Link};
 use crate::dispatch::closure::{Closure, Work};
 use crate::dispatch::config::ErrorPolicy;
 use crate::dispatch::deaths;
@@ -130,24 +130,25 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Takes work as an idle link: without waiting if some is queued, else after asking
     /// pipelining links to reclaim, blocking until work arrives. `None` once stopped.
-    pub(super) fn take_when_idle(&mut self) -> Option<Work> {
+    pub(super) async fn take_when_idle(&mut self) -> Option<Work> {
         let shared = &self.shared;
         let tag = self.tag();
-        shared
-            .balance
-            .while_idle(|| match shared.queue.try_get(Some(tag)) {
+        let take = async {
+            match shared.queue.try_get(Some(tag)) {
                 Ok(work) => Some(work),
                 Err(TryGetError::Stopped) => None,
                 Err(TryGetError::Empty) => {
                     shared.balance.ask_pipelining_links_to_reclaim();
-                    shared.queue.get(Some(tag), None)
+                    shared.queue.get_async(Some(tag), None).await
                 }
-            })
+            }
+        };
+        shared.balance.while_idle(take).await
     }
 
     /// Sends as many queued closures as the pipelining rule allows, in one message.
-    pub(super) fn top_up(&mut self) {
-        self.send_with_top_up(Vec::new());
+    pub(super) async fn top_up(&mut self) {
+        self.send_with_top_up(Vec::new()).await;
     }
 
     /// Sends `batch` (closures already taken and prepared for this worker) together with
@@ -155,7 +156,7 @@ impl<T: WorkerTransport> Link<T> {
     /// before sending means that once the worker has a closure, this link is done taking
     /// from the queue until its next answer: nothing queued after the worker started can
     /// slip into this link's pipeline.
-    pub(super) fn send_with_top_up(&mut self, mut batch: Vec<Closure>) {
+    pub(super) async fn send_with_top_up(&mut self, mut batch: Vec<Closure>) {
         let capacity = self.capacity();
         while self.held.is_none()
             && self.pipeline.outstanding.len() + batch.len() < capacity
@@ -193,7 +194,7 @@ impl<T: WorkerTransport> Link<T> {
             }
             // A function new to this worker is registered right away: the worker stores it
             // without waiting for its executor.
-            if let Err(verdict) = self.ensure_function_verdict(&closure) {
+            if let Err(verdict) = self.ensure_function_verdict(&closure).await {
                 for taken in batch {
                     self.requeue(taken);
                 }
@@ -203,7 +204,7 @@ impl<T: WorkerTransport> Link<T> {
             }
             batch.push(closure);
         }
-        self.send(batch);
+        self.send(batch).await;
     }
 
     /// Whether `closure`'s per-worker inputs are built on this worker.
@@ -220,13 +221,13 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Sends `closures` (ready to run here), opening the stream first if needed.
-    pub(super) fn send(&mut self, closures: Vec<Closure>) {
-        self.send_closures(closures, false);
+    pub(super) async fn send(&mut self, closures: Vec<Closure>) {
+        self.send_closures(closures, false).await;
     }
 
     /// [`send`](Self::send); `registered_again` marks closures retried after their
     /// function was registered again.
-    fn send_closures(&mut self, closures: Vec<Closure>, registered_again: bool) {
+    async fn send_closures(&mut self, closures: Vec<Closure>, registered_again: bool) {
         let was_idle = self.pipeline.outstanding.is_empty();
         if was_idle {
             self.check_idle_stream();
@@ -272,7 +273,7 @@ impl<T: WorkerTransport> Link<T> {
             }
             message.halt_on_error = self.shared.config.error_policy == ErrorPolicy::CancelAll;
             message.lease_ms = self.lease_ms();
-            if !self.open(message) {
+            if !self.open(message).await {
                 return;
             }
         }
@@ -283,8 +284,6 @@ impl<T: WorkerTransport> Link<T> {
     /// while idle costs the closures about to be sent nothing (a new stream is opened, and
     /// fails to open if the worker is gone).
     fn check_idle_stream(&mut self) {
-        let runtime = self.runtime.clone();
-        let _inside = runtime.enter();
         loop {
             let Some(channel) = self.pipeline.channel.as_mut() else {
                 return;
@@ -304,8 +303,8 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Opens the stream with `first`; `false` if that failed (the outstanding closures
     /// were then settled or put back).
-    fn open(&mut self, first: pb::RunClosuresRequest) -> bool {
-        let Some(opened) = self.call(self.transport.run_closures(first)) else {
+    async fn open(&mut self, first: pb::RunClosuresRequest) -> bool {
+        let Some(opened) = self.call(self.transport.run_closures(first)).await else {
             self.abandon();
             return false;
         };
@@ -318,7 +317,7 @@ impl<T: WorkerTransport> Link<T> {
             }
             Err(error) => {
                 // Refused or unreachable before anything was queued: no closure ran.
-                self.stream_failed(&error, false);
+                self.stream_failed(&error, false).await;
                 false
             }
         }
@@ -326,7 +325,7 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Waits for the worker's next answers (or a reclaim request, or the closure timeout)
     /// and acts on them.
-    pub(super) fn await_answers(&mut self) {
+    pub(super) async fn await_answers(&mut self) {
         let deadline = self.shared.config.closure_timeout.and_then(|limit| {
             self.pipeline
                 .outstanding
@@ -348,7 +347,7 @@ impl<T: WorkerTransport> Link<T> {
             return;
         };
         let reclaim = self.slot.reclaim_requested();
-        let event = run_on(&self.runtime, &self.stop, async {
+        let event = until_stopped(&self.stop, async {
             tokio::select! {
                 biased;
                 answers = channel.next() => Event::Answers(answers),
@@ -357,7 +356,8 @@ impl<T: WorkerTransport> Link<T> {
                 () = sleep_until(silent_at) => Event::Silent(heartbeat.unwrap_or_default()),
                 () = sleep_until(ping_at) => Event::Ping,
             }
-        });
+        })
+        .await;
         match event {
             None => self.abandon(),
             Some(Event::Ping) => self.ping(),
@@ -365,7 +365,7 @@ impl<T: WorkerTransport> Link<T> {
             Some(Event::Answers(Some(Ok(response)))) => {
                 self.heard(&response);
                 for reply in response.replies {
-                    self.on_reply(reply);
+                    self.on_reply(reply).await;
                 }
                 if self.pipeline.outstanding.is_empty() {
                     if let Some(reason) = self.pipeline.going_away.take() {
@@ -374,16 +374,16 @@ impl<T: WorkerTransport> Link<T> {
                     }
                 }
                 if !self.pipeline.outstanding.is_empty() {
-                    self.top_up();
+                    self.top_up().await;
                 }
             }
-            Some(Event::Answers(Some(Err(error)))) => self.stream_failed(&error, true),
+            Some(Event::Answers(Some(Err(error)))) => self.stream_failed(&error, true).await,
             Some(Event::Answers(None)) => {
                 let error = RpcError::Unavailable(format!(
                     "worker {} ended the RunClosures stream with closures outstanding",
                     self.address()
                 ));
-                self.stream_failed(&error, true);
+                self.stream_failed(&error, true).await;
             }
             Some(Event::Reclaim) => self.reclaim(),
             Some(Event::TimedOut) => {
@@ -393,7 +393,7 @@ impl<T: WorkerTransport> Link<T> {
                     self.pipeline.channel = None;
                     self.pipeline.resume = false;
                     self.publish(0);
-                    self.timed_out(sent.closure);
+                    self.timed_out(sent.closure).await;
                 }
             }
         }
@@ -416,7 +416,7 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Acts on one answer.
-    fn on_reply(&mut self, reply: pb::ClosureReply) {
+    async fn on_reply(&mut self, reply: pb::ClosureReply) {
         use pb::closure_reply::Outcome;
         let halts = self.shared.config.error_policy == ErrorPolicy::CancelAll;
         if halts && matches!(reply.outcome, Some(Outcome::Error(_) | Outcome::Refused(_))) {
@@ -440,12 +440,12 @@ impl<T: WorkerTransport> Link<T> {
                 pickle: value.pickle,
                 buffers: value.buffers,
             })),
-            Some(Outcome::Error(error)) => self.read_error(error, &sent.closure),
+            Some(Outcome::Error(error)) => self.read_error(error, &sent.closure).await,
             Some(Outcome::Refused(refusal)) => {
                 let code = tonic::Code::from(refusal.code);
                 let error = RpcError::from_code(code, refusal.message)
                     .with_context(&format!("RunClosures on worker {}", self.address()));
-                return self.refused(sent, error);
+                return self.refused(sent, error).await;
             }
             Some(Outcome::Returned(_)) => {
                 // It never started: back to the queue, not counted as a retry.
@@ -466,17 +466,17 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Acts on a refused closure as on the same error from unary `RunClosure`.
-    fn refused(&mut self, sent: Sent, error: RpcError) {
+    async fn refused(&mut self, sent: Sent, error: RpcError) {
         let verdict = match error {
             RpcError::NotFound(_) if !sent.registered_again => {
                 // The worker lost the function: a restart (then everything it held is
                 // gone) or an eviction (then registering again and retrying is enough).
-                if self.worker_lost() {
+                if self.worker_lost().await {
                     Verdict::WorkerFailed("the worker restarted and lost its functions".to_owned())
                 } else {
                     self.sent.remove(sent.closure.function.hash());
-                    match self.ensure_function_verdict(&sent.closure) {
-                        Ok(()) => return self.send_closures(vec![sent.closure], true),
+                    match self.ensure_function_verdict(&sent.closure).await {
+                        Ok(()) => return self.send_closures(vec![sent.closure], true).await,
                         Err(verdict) => verdict,
                     }
                 }
@@ -487,10 +487,13 @@ impl<T: WorkerTransport> Link<T> {
                 self.pipeline.going_away = Some(message);
                 return self.put_back(sent.closure);
             }
-            error if self.is_worker_failure(&error) => {
-                Verdict::WorkerFailed(error.message().to_owned())
+            error => {
+                if self.is_worker_failure(&error).await {
+                    Verdict::WorkerFailed(error.message().to_owned())
+                } else {
+                    Verdict::Done(Err(ClosureFailure::from_rpc(&error, self.address())))
+                }
             }
-            error => Verdict::Done(Err(ClosureFailure::from_rpc(&error, self.address()))),
         };
         self.settle(sent.closure, verdict);
     }
@@ -498,14 +501,14 @@ impl<T: WorkerTransport> Link<T> {
     /// The stream failed: the worker is gone (everything outstanding goes back to the
     /// queue; with `charge`, the death counts against the closure it was running), or it
     /// refused the call (everything outstanding fails with that error).
-    pub(super) fn stream_failed(&mut self, error: &RpcError, charge: bool) {
+    pub(super) async fn stream_failed(&mut self, error: &RpcError, charge: bool) {
         self.pipeline.channel = None;
         self.pipeline.resume = false;
         if self.pipeline.outstanding.is_empty() {
             return;
         }
         let before = self.incarnation;
-        if self.is_worker_failure(error) {
+        if self.is_worker_failure(error).await {
             let reason = format!("its RunClosures stream broke: {}", error.message());
             self.worker_died(&reason, charge, before);
             return;

@@ -88,7 +88,7 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Probes with backoff until the worker answers (then rebuilds its resources and
     /// serves again), the recovery bound passes (given up), or the dispatcher stops.
-    pub(super) fn recover(&mut self) -> Recovery {
+    pub(super) async fn recover(&mut self) -> Recovery {
         let mut backoff = Backoff::new(self.shared.config.backoff);
         let bound = self.shared.config.recovery_timeout;
         let mut failed_probes = 0u32;
@@ -106,7 +106,10 @@ impl<T: WorkerTransport> Link<T> {
             }
             let remaining = bound.saturating_sub(elapsed);
             let probe_timeout = self.shared.config.probe_timeout.min(remaining);
-            let Some(answer) = self.call(self.transport.get_status(Some(probe_timeout))) else {
+            let Some(answer) = self
+                .call(self.transport.get_status(Some(probe_timeout)))
+                .await
+            else {
                 return Recovery::Stopped;
             };
             let mut restarted = false;
@@ -119,9 +122,9 @@ impl<T: WorkerTransport> Link<T> {
                 }
                 Ok(status) => {
                     restarted = self.observe(status);
-                    self.reconnected()
+                    self.reconnected().await
                 }
-                Err(error) if reachable(&error) => self.reconnected(),
+                Err(error) if reachable(&error) => self.reconnected().await,
                 Err(error) => Err(Interruption::WorkerFailed(error.message().to_owned())),
             };
             let pause = match rebuilt {
@@ -151,8 +154,8 @@ impl<T: WorkerTransport> Link<T> {
             };
             let slept = match self.shared.unreachable() {
                 // Nothing was ever reachable: fail what is scheduled meanwhile, at once.
-                Some(message) => self.fail_arrivals(&message, pause),
-                None => self.sleep(pause),
+                Some(message) => self.fail_arrivals(&message, pause).await,
+                None => self.sleep(pause).await,
             };
             if !slept {
                 return Recovery::Stopped;
@@ -162,11 +165,11 @@ impl<T: WorkerTransport> Link<T> {
 
     /// The worker answers: forget what it held and rebuild every live resource before it
     /// serves closures. Returns how many resources were rebuilt.
-    fn reconnected(&mut self) -> Result<usize, Interruption> {
+    async fn reconnected(&mut self) -> Result<usize, Interruption> {
         self.sent.clear();
         let resources = self.shared.resources.live();
         for resource in &resources {
-            self.create_resource(resource)?;
+            self.create_resource(resource).await?;
         }
         Ok(resources.len())
     }
@@ -302,19 +305,21 @@ impl<T: WorkerTransport> Link<T> {
     /// A given-up link waits until every worker is out of service (given up or removed);
     /// from then on, until a worker joins, it fails whatever reaches the queue, so nothing
     /// scheduled hangs. Returns when the dispatcher stops or this worker is removed.
-    pub(super) fn drain_when_all_given_up(&mut self) {
+    pub(super) async fn drain_when_all_given_up(&mut self) {
         /// How often a draining link looks whether a worker joined meanwhile.
         const RECHECK: Duration = Duration::from_millis(100);
         loop {
             let shared = Arc::clone(&self.shared);
             let mut membership = self.shared.membership.subscribe();
             let mut retiring = self.retiring.clone();
-            let all_gone = self.call(async move {
-                tokio::select! {
-                    _ = membership.wait_for(|_| shared.all_out_of_service()) => true,
-                    _ = retiring.wait_for(|retiring| *retiring) => false,
-                }
-            });
+            let all_gone = self
+                .call(async move {
+                    tokio::select! {
+                        _ = membership.wait_for(|_| shared.all_out_of_service()) => true,
+                        _ = retiring.wait_for(|retiring| *retiring) => false,
+                    }
+                })
+                .await;
             if all_gone != Some(true) {
                 return;
             }
@@ -322,7 +327,11 @@ impl<T: WorkerTransport> Link<T> {
                 if self.status.is_retiring() {
                     return;
                 }
-                let Some(work) = self.shared.queue.get(Some(self.tag()), Some(RECHECK)) else {
+                let Some(work) = self
+                    .call(self.shared.queue.get_async(Some(self.tag()), Some(RECHECK)))
+                    .await
+                    .flatten()
+                else {
                     if self.shared.queue.is_stopped() {
                         return;
                     }
@@ -381,12 +390,12 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Whether a failed call means the worker is gone (put the work back, recover) rather
     /// than a definite refusal of this request.
-    pub(super) fn is_worker_failure(&mut self, error: &RpcError) -> bool {
+    pub(super) async fn is_worker_failure(&mut self, error: &RpcError) -> bool {
         match error {
             RpcError::Unavailable(_) | RpcError::DeadlineExceeded(_) => true,
             // A connection cut mid-call surfaces as one of these; ask the worker.
             RpcError::Internal(_) | RpcError::Cancelled(_) | RpcError::Aborted(_) => {
-                self.worker_lost()
+                self.worker_lost().await
             }
             _ => false,
         }
@@ -394,11 +403,11 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Asks the worker whether it is still the process we knew: `true` if it does not
     /// answer, is shutting down, or restarted.
-    pub(super) fn worker_lost(&mut self) -> bool {
+    pub(super) async fn worker_lost(&mut self) -> bool {
         let probe = self
             .transport
             .get_status(Some(self.shared.config.probe_timeout));
-        match self.call(probe) {
+        match self.call(probe).await {
             None => true,
             Some(Ok(status)) if status.state == pb::ServingState::Draining as i32 => true,
             Some(Ok(status)) => self.observe(status),

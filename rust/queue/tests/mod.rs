@@ -3,6 +3,7 @@
 //! stress test. Every blocking call has a deadline, and every spawned thread is joined under
 //! one, so a deadlock fails the test instead of hanging it.
 
+mod asynchronous;
 mod drops;
 mod errors;
 mod lifecycle;
