@@ -2,6 +2,7 @@
 //!
 //!     cargo bench --bench scale                 # 10, 100, 1000 workers
 //!     cargo bench --bench scale -- 10 100       # chosen sizes
+//!     (`cargo test --all-targets` runs it with 10 workers, as a smoke test)
 //!
 //! The workers are real tonic `WorkerServer`s on 127.0.0.1 in child processes (this binary
 //! run as `scale serve N`), each with a small Rust echo executor standing in for the Python
@@ -47,11 +48,16 @@ fn main() {
         .iter()
         .filter_map(|arg| arg.parse().ok())
         .collect::<Vec<_>>();
-    let sizes = if sizes.is_empty() {
-        vec![10, 100, 1000]
-    } else {
-        sizes
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it,
+    // as a smoke test of 10 workers.
+    let benchmarking = args.iter().any(|arg| arg == "--bench");
+    let sizes = match (sizes.is_empty(), benchmarking) {
+        (false, _) => sizes,
+        (true, true) => vec![10, 100, 1000],
+        (true, false) => vec![10],
     };
+    // A thousand connections need more than the common default of 1,024 open files.
+    let _ = _core::rpc::connections::raise_file_limit();
     println!(
         "{:>8} {:>10} {:>12} {:>10} {:>9} {:>14} {:>16}",
         "workers", "ready", "closures/s", "coord CPU", "threads", "RSS/worker", "kill->detected"
@@ -64,6 +70,7 @@ fn main() {
 /// The child: `count` echo workers; prints their addresses, one per line, then `ready`,
 /// and serves until stdin closes.
 fn serve(count: usize) {
+    let _ = _core::rpc::connections::raise_file_limit();
     let stopping = Arc::new(AtomicBool::new(false));
     let mut servers = Vec::with_capacity(count);
     for index in 0..count {

@@ -197,6 +197,52 @@ class _CoordinatorCollector:
         yield from (up, state, closures, retries, failures)
 
 
+#: (kind, name, help, GetStatus key) of the plain series a worker and a ps export.
+_WORKER_SERIES = (
+    ("gauge", "jaxcluster_executor_queued", "Requests waiting.", "queued"),
+    ("gauge", "jaxcluster_executor_inflight", "Requests running.", "inflight"),
+    ("gauge", "jaxcluster_executor_functions", "Function payloads held.", "functions_registered"),
+    (
+        "counter",
+        "jaxcluster_executor_resources_created",
+        "Per-worker resources built.",
+        "resources_created",
+    ),
+    (
+        "counter",
+        "jaxcluster_executor_resources_released",
+        "Per-worker resources released.",
+        "resources_released",
+    ),
+)
+_PS_SERIES = (
+    ("gauge", "jaxcluster_ps_variables", "Variables held.", "variables"),
+    ("gauge", "jaxcluster_ps_variable_bytes", "Bytes of variable data held.", "variable_bytes"),
+    ("counter", "jaxcluster_ps_reads", "Variable reads.", "reads"),
+    ("counter", "jaxcluster_ps_updates", "Updates applied.", "updates"),
+    (
+        "counter",
+        "jaxcluster_ps_read_bytes",
+        "Tensor bytes sent in answers (reads, read_value of updates).",
+        "bytes_read",
+    ),
+    (
+        "counter",
+        "jaxcluster_ps_written_bytes",
+        "Tensor bytes received in updates and new variables.",
+        "bytes_written",
+    ),
+    ("counter", "jaxcluster_ps_variables_created", "Variables created.", "variables_created"),
+)
+
+
+def _series(core: Any, table: Any, status: Mapping[str, Any]) -> Iterator[Any]:
+    """One gauge or counter per row of ``table``, valued from ``status``."""
+    for kind, name, text, key in table:
+        make = _gauge if kind == "gauge" else _counter
+        yield make(core, name, text, status[key])
+
+
 class _WorkerCollector:
     """A worker server's own counters (its ``GetStatus``) and execution times."""
 
@@ -214,26 +260,7 @@ class _WorkerCollector:
         closures.add_metric(["completed"], s["closures_run"] - s["closures_failed"])
         closures.add_metric(["failed"], s["closures_failed"])
         yield closures
-        yield _gauge(core, "jaxcluster_executor_queued", "Requests waiting.", s["queued"])
-        yield _gauge(core, "jaxcluster_executor_inflight", "Requests running.", s["inflight"])
-        yield _gauge(
-            core,
-            "jaxcluster_executor_functions",
-            "Function payloads held.",
-            s["functions_registered"],
-        )
-        yield _counter(
-            core,
-            "jaxcluster_executor_resources_created",
-            "Per-worker resources built.",
-            s["resources_created"],
-        )
-        yield _counter(
-            core,
-            "jaxcluster_executor_resources_released",
-            "Per-worker resources released.",
-            s["resources_released"],
-        )
+        yield from _series(core, _WORKER_SERIES, s)
         yield _gauge(
             core,
             "jaxcluster_executor_draining",
@@ -266,30 +293,7 @@ class _PsCollector:
     def collect(self) -> Iterator[Any]:
         core = _prometheus().core
         s = self._server.status()
-        yield _gauge(core, "jaxcluster_ps_variables", "Variables held.", s["variables"])
-        yield _gauge(
-            core,
-            "jaxcluster_ps_variable_bytes",
-            "Bytes of variable data held.",
-            s["variable_bytes"],
-        )
-        yield _counter(core, "jaxcluster_ps_reads", "Variable reads.", s["reads"])
-        yield _counter(core, "jaxcluster_ps_updates", "Updates applied.", s["updates"])
-        yield _counter(
-            core,
-            "jaxcluster_ps_read_bytes",
-            "Tensor bytes sent in answers (reads, read_value of updates).",
-            s["bytes_read"],
-        )
-        yield _counter(
-            core,
-            "jaxcluster_ps_written_bytes",
-            "Tensor bytes received in updates and new variables.",
-            s["bytes_written"],
-        )
-        yield _counter(
-            core, "jaxcluster_ps_variables_created", "Variables created.", s["variables_created"]
-        )
+        yield from _series(core, _PS_SERIES, s)
         yield _refused(core, s)
         yield from _task_info(core, "ps", s, index=str(s["ps_index"]))
 

@@ -116,11 +116,18 @@ impl Shared {
         self.membership.send_modify(|generation| *generation += 1);
     }
 
+    /// Whether no worker was reached within `connect_timeout` (cheap: no message built).
+    pub fn is_unreachable(&self) -> bool {
+        self.config.connect_timeout.is_some_and(|limit| {
+            !self.reached.load(Ordering::Acquire) && self.started.elapsed() >= limit
+        })
+    }
+
     /// The error of a cluster none of whose workers was reached within `connect_timeout`,
     /// naming every worker and its last error; `None` while that is not the case.
     pub fn unreachable(&self) -> Option<String> {
         let limit = self.config.connect_timeout?;
-        if self.reached.load(Ordering::Acquire) || self.started.elapsed() < limit {
+        if !self.is_unreachable() {
             return None;
         }
         let workers: Vec<String> = self

@@ -205,7 +205,7 @@ impl<T: WorkerTransport> Link<T> {
                 None => return !*self.stop.borrow(),
                 // Another link reached its worker meanwhile: the cluster is usable again,
                 // so this closure goes back for that link (and this one probes again).
-                Some(Work::Closure(closure)) if self.shared.unreachable().is_none() => {
+                Some(Work::Closure(closure)) if !self.shared.is_unreachable() => {
                     self.requeue(closure);
                     return !*self.stop.borrow();
                 }
