@@ -4,6 +4,7 @@ processes on loopback; every closure is checked to end exactly once with its val
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -15,7 +16,11 @@ from typing import Any
 import pytest
 
 from jaxcluster import errors
-from jaxcluster.cluster_resolver import KubernetesClusterResolver, SimpleClusterResolver
+from jaxcluster.cluster_resolver import (
+    KubernetesClusterResolver,
+    SimpleClusterResolver,
+    TFConfigClusterResolver,
+)
 from jaxcluster.cluster_spec import ClusterSpec
 from jaxcluster.coordinator import ClusterCoordinator, get_current_worker_index
 from support.closures import TESTS_DIR, local_cluster, wait_until
@@ -299,3 +304,26 @@ def test_closures_see_the_coordinators_index_not_the_workers_flag() -> None:
             wait_until(both, "closures on both workers")
     # Coordinator worker 0 is the process started as --index 1, and the other way round.
     assert seen == {(0, 1), (1, 0)}
+
+
+def test_refresh_interval_follows_a_rewritten_tf_config_file(tmp_path: Path) -> None:
+    def write(workers: list[str]) -> None:
+        staged = tmp_path / "tf_config.json.new"
+        staged.write_text(json.dumps({"cluster": {"worker": workers}}))
+        os.replace(staged, tmp_path / "tf_config.json")  # as a ConfigMap update swaps it
+
+    with local_cluster(2) as cluster:
+        first, second = cluster.addresses
+        write([first])
+        resolver = TFConfigClusterResolver(tf_config_file=tmp_path / "tf_config.json")
+        with ClusterCoordinator(
+            resolver, auth_token=cluster.auth_token, refresh_interval=0.2
+        ) as coordinator:
+            write([first, second])
+            wait_until(
+                lambda: len(coordinator.metrics()["workers"]) == 2, "the second worker added"
+            )
+            write([second])
+            wait_until(lambda: state_of(coordinator, 0) == "removed", "the first worker removed")
+            values = [coordinator.schedule(worker_index_and_flag) for _ in range(20)]
+            assert {index for index, _ in coordinator.fetch(values)} == {1}

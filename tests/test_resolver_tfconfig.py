@@ -44,6 +44,25 @@ def test_tf_config_is_re_read_on_every_call(monkeypatch):
     assert resolver.task_id == 2
 
 
+def test_tf_config_file_is_read_on_every_call_and_wins_over_the_environment(monkeypatch, tmp_path):
+    _set(monkeypatch, {"cluster": {"worker": ["env:1"]}, "task": {"type": "worker", "index": 0}})
+    path = tmp_path / "tf_config.json"
+    path.write_text(
+        json.dumps({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 1}})
+    )
+    resolver = TFConfigClusterResolver(tf_config_file=path)
+    assert resolver.cluster_spec().job_tasks("worker") == ["a:1", "b:1"]
+    assert (resolver.task_type, resolver.task_id, resolver.master()) == ("worker", 1, "b:1")
+    path.write_text(json.dumps({"cluster": {"worker": ["c:1"]}}))
+    assert resolver.cluster_spec().job_tasks("worker") == ["c:1"]
+    path.write_text('{"cluster": {"worker": [')  # caught mid-rewrite
+    with pytest.raises(ValueError, match=r"TF_CONFIG file .*tf_config.json is not valid JSON"):
+        resolver.cluster_spec()
+    path.unlink()
+    with pytest.raises(FileNotFoundError):
+        resolver.cluster_spec()
+
+
 def test_constructor_arguments_override_and_are_cast(monkeypatch):
     _set(
         monkeypatch,

@@ -6,7 +6,10 @@
      "task": {"type": "worker", "index": 1},
      "rpc_layer": "grpc", "session_master": "..."}
 
-It is read again on every call, so a change in the environment is seen at once.
+It is read again on every call, so a change in the environment is seen at once. With
+``tf_config_file=PATH`` the same JSON is read from a file instead, also on every call: a file
+that a scheduler rewrites (a mounted Kubernetes ConfigMap, a shared filesystem) is followed by
+``ClusterCoordinator(..., refresh_interval=...)``.
 """
 
 from __future__ import annotations
@@ -33,9 +36,15 @@ def _shorten(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + f"... ({len(text)} chars)"
 
 
-def load_tf_config() -> dict[str, Any]:
-    """``TF_CONFIG`` parsed; ``{}`` when unset or empty, ``ValueError`` when malformed."""
-    raw = os.environ.get(TF_CONFIG_ENV, "")
+def load_tf_config(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """``TF_CONFIG`` parsed (from the file ``path`` when given); ``{}`` when unset or empty,
+    ``ValueError`` when malformed, ``OSError`` when the file cannot be read."""
+    if path is None:
+        source, raw = TF_CONFIG_ENV, os.environ.get(TF_CONFIG_ENV, "")
+    else:
+        source = f"{TF_CONFIG_ENV} file {os.fspath(path)}"
+        with open(path, encoding="utf-8") as file:
+            raw = file.read()
     if not raw.strip():
         return {}
     try:
@@ -43,19 +52,19 @@ def load_tf_config() -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         start = max(exc.pos - 20, 0)
         raise ValueError(
-            f"{TF_CONFIG_ENV} is not valid JSON: {exc.msg} at line {exc.lineno} column "
+            f"{source} is not valid JSON: {exc.msg} at line {exc.lineno} column "
             f"{exc.colno} (near {raw[start : exc.pos + 20]!r}); value: {_shorten(raw)!r}"
         ) from None
     if not isinstance(config, dict):
         raise ValueError(
-            f"{TF_CONFIG_ENV} must be a JSON object with 'cluster' and 'task' keys; got "
+            f"{source} must be a JSON object with 'cluster' and 'task' keys; got "
             f"{type(config).__name__} {_shorten(raw)!r}"
         )
     return config
 
 
-def _task_info() -> dict[str, Any]:
-    task = load_tf_config().get(_TASK_KEY) or {}
+def _task_info(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    task = load_tf_config(path).get(_TASK_KEY) or {}
     if not isinstance(task, dict):
         raise ValueError(
             f'{TF_CONFIG_ENV} \'task\' must be an object like {{"type": "worker", '
@@ -80,6 +89,8 @@ class TFConfigClusterResolver(ClusterResolver):
 
     As ``tf.distribute.cluster_resolver.TFConfigClusterResolver``: constructor arguments
     override ``TF_CONFIG``; ``task_type`` is cast to ``str`` and ``task_id`` to ``int``.
+    ``tf_config_file`` (not in TF) reads the same JSON from that file on every call instead
+    of the environment, for a cluster a scheduler rewrites while the job runs.
 
     Example::
 
@@ -97,19 +108,21 @@ class TFConfigClusterResolver(ClusterResolver):
         task_id: int | None = None,
         rpc_layer: str | None = None,
         environment: str | None = None,
+        tf_config_file: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         self._task_type = task_type
         self._task_id = task_id
         self._rpc_layer = rpc_layer
         self._environment = environment
+        self._file = tf_config_file
 
     @property
     def task_type(self) -> str | None:
         """The constructor's or setter's ``task_type``, else ``TF_CONFIG``'s ``task.type``."""
         if self._task_type is not None:
             return str(self._task_type)
-        task = _task_info()
+        task = _task_info(self._file)
         return str(task["type"]) if task.get("type") is not None else None
 
     @task_type.setter
@@ -121,7 +134,7 @@ class TFConfigClusterResolver(ClusterResolver):
         """The constructor's or setter's ``task_id``, else ``TF_CONFIG``'s ``task.index``."""
         if self._task_id is not None:
             return _as_task_id(self._task_id, "task_id")
-        task = _task_info()
+        task = _task_info(self._file)
         if task.get("index") is None:
             return None
         return _as_task_id(task["index"], f"{TF_CONFIG_ENV} task index")
@@ -135,7 +148,7 @@ class TFConfigClusterResolver(ClusterResolver):
         """The constructor's ``rpc_layer``, else ``TF_CONFIG``'s ``rpc_layer``, else ``None``."""
         if self._rpc_layer is not None:
             return self._rpc_layer
-        return load_tf_config().get(_RPC_LAYER_KEY)
+        return load_tf_config(self._file).get(_RPC_LAYER_KEY)
 
     @rpc_layer.setter
     def rpc_layer(self, rpc_layer: str | None) -> None:
@@ -154,7 +167,7 @@ class TFConfigClusterResolver(ClusterResolver):
 
     def cluster_spec(self) -> ClusterSpec:
         """``TF_CONFIG``'s ``cluster`` as a ClusterSpec; empty when there is none."""
-        cluster = load_tf_config().get(_CLUSTER_KEY)
+        cluster = load_tf_config(self._file).get(_CLUSTER_KEY)
         if cluster is None:
             return ClusterSpec({})
         if not isinstance(cluster, dict):
@@ -174,7 +187,7 @@ class TFConfigClusterResolver(ClusterResolver):
         rpc_layer: str | None = None,
     ) -> str:
         """``session_master`` if set; ``''`` for a one-task cluster; else the task's URL."""
-        config = load_tf_config()
+        config = load_tf_config(self._file)
         session_master = config.get(_SESSION_MASTER_KEY)
         if session_master is not None:
             return str(session_master)
@@ -212,10 +225,14 @@ class TFConfigClusterResolver(ClusterResolver):
         """As :meth:`ClusterResolver.jax_distributed_args`, naming ``TF_CONFIG`` in errors."""
         spec = self.cluster_spec()
         if not spec:
-            raw = os.environ.get(TF_CONFIG_ENV)
-            seen = "unset" if raw is None else repr(_shorten(raw))
+            if self._file is not None:
+                source, seen = f"{TF_CONFIG_ENV} file {os.fspath(self._file)}", "empty"
+            else:
+                raw = os.environ.get(TF_CONFIG_ENV)
+                source = TF_CONFIG_ENV
+                seen = "unset" if raw is None else repr(_shorten(raw))
             raise ValueError(
-                f"{TF_CONFIG_ENV} describes no cluster (it is {seen}); expected JSON like "
+                f"{source} describes no cluster (it is {seen}); expected JSON like "
                 '{"cluster": {"worker": ["host0:port", "host1:port"]}, '
                 '"task": {"type": "worker", "index": 0}}'
             )
