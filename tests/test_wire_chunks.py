@@ -228,3 +228,23 @@ def test_a_1_gib_argument_and_result_round_trip_through_the_coordinator() -> Non
         assert int(back[-1]) == n - 1
         np.testing.assert_array_equal(back[::4099], x[::4099])
         assert not back.flags.writeable  # a view of the received bytes, not a copy
+
+
+def ones(n: int) -> Any:
+    """Runs on a worker: ``n`` bytes of ones, made there (nothing large is sent to it)."""
+    return np.ones(n, dtype=np.uint8)
+
+
+def test_a_large_chunked_result_counts_as_a_sign_of_life_not_a_silence() -> None:
+    # 768 MiB arrive in twelve 64 MiB chunks over a few seconds; the worker sends no
+    # heartbeat meanwhile (its stream is busy with the chunks), so a coordinator that only
+    # counted whole messages declared it silent after heartbeat_timeout and ran the closure
+    # again, until WorkerCrashedError.
+    with (
+        local_cluster(1) as cluster,
+        cluster.coordinator(heartbeat_timeout=1.0) as coordinator,
+    ):
+        value = coordinator.schedule(ones, args=(768 << 20,)).fetch()
+        assert value.nbytes == 768 << 20 and int(value[-1]) == 1
+        metrics = coordinator.metrics()
+        assert (metrics["retried"], metrics["worker_failures"]) == (0, 0)

@@ -14,6 +14,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
 
 use prost::Message;
 use tokio::sync::mpsc;
@@ -48,6 +49,9 @@ pub struct ClosureChannel {
     /// worker's.
     local: Mutex<VecDeque<pb::ClosureReply>>,
     assembler: Assembler,
+    /// When the worker's last message (a whole answer or one chunk of one) arrived: a large
+    /// chunked answer takes a while, and its chunks show the worker alive meanwhile.
+    last_received: Option<Instant>,
 }
 
 impl ClosureChannel {
@@ -60,6 +64,7 @@ impl ClosureChannel {
             large: None,
             local: Mutex::new(VecDeque::new()),
             assembler: Assembler::default(),
+            last_received: None,
         }
     }
 
@@ -124,6 +129,11 @@ impl ClosureChannel {
         open
     }
 
+    /// When the worker's last message arrived (a chunk counts), if any did.
+    pub fn last_received(&self) -> Option<Instant> {
+        self.last_received
+    }
+
     /// The next message of answers; `None` once the worker ended the stream.
     pub async fn next(&mut self) -> Option<Result<pb::RunClosuresResponse, RpcError>> {
         let refused: Vec<_> = self
@@ -139,7 +149,9 @@ impl ClosureChannel {
             }));
         }
         loop {
-            let response = match self.replies.next().await? {
+            let received = self.replies.next().await;
+            self.last_received = Some(Instant::now());
+            let response = match received? {
                 Ok(response) => response,
                 Err(e) => return Some(Err(e)),
             };

@@ -361,7 +361,18 @@ impl<T: WorkerTransport> Link<T> {
         match event {
             None => self.abandon(),
             Some(Event::Ping) => self.ping(),
-            Some(Event::Silent(timeout)) => self.fell_silent(timeout),
+            Some(Event::Silent(timeout)) => {
+                // A large answer arrives in chunks for a while; each shows the worker alive.
+                let chunk = self
+                    .pipeline
+                    .channel
+                    .as_ref()
+                    .and_then(ClosureChannel::last_received);
+                match chunk {
+                    Some(at) if at.elapsed() < timeout => self.pipeline.last_heard = Some(at),
+                    _ => self.fell_silent(timeout),
+                }
+            }
             Some(Event::Answers(Some(Ok(response)))) => {
                 self.heard(&response);
                 for reply in response.replies {
