@@ -57,11 +57,14 @@ class Membership:
     def active(self) -> dict[str, int]:
         """Address → index of every worker not removed."""
         with self._lock:
-            return {
-                address: index
-                for index, address in enumerate(self._addresses)
-                if index not in self._removed
-            }
+            return self._active_locked()
+
+    def _active_locked(self) -> dict[str, int]:
+        return {
+            address: index
+            for index, address in enumerate(self._addresses)
+            if index not in self._removed
+        }
 
     def add(self, addresses: Iterable[str]) -> list[int]:
         """Adds workers; returns their indices. See ``ClusterCoordinator.add_workers``."""
@@ -77,11 +80,7 @@ class Membership:
         if len(set(wanted)) != len(wanted):
             raise ValueError(f"add_workers(): an address appears twice in {wanted}")
         with self._lock:
-            active = {
-                address
-                for index, address in enumerate(self._addresses)
-                if index not in self._removed
-            }
+            active = self._active_locked()
             present = [address for address in wanted if address in active]
             if present:
                 raise ValueError(
@@ -102,11 +101,7 @@ class Membership:
         if isinstance(which, (str, int)):
             which = [which]
         with self._lock:
-            active = {
-                address: index
-                for index, address in enumerate(self._addresses)
-                if index not in self._removed
-            }
+            active = self._active_locked()
             indices: list[int] = []
             for item in which:
                 if isinstance(item, bool) or not isinstance(item, (str, int)):
