@@ -18,6 +18,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import re
 import signal
@@ -27,7 +28,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jaxcluster import errors
@@ -52,11 +53,15 @@ class TaskProcess:
         address: str,
         env: Mapping[str, str],
         extra: Sequence[str] = (),
+        *,
+        own_group: bool = False,
     ) -> None:
         if job not in _JOBS:
             raise ValueError(f"job={job!r}; expected one of {sorted(_JOBS)}")
         self.job = job
         self.index = index
+        # A slice host is a supervisor and its serving child: killing the task kills both.
+        self.own_group = own_group
         command = [
             sys.executable,
             "-m",
@@ -76,6 +81,7 @@ class TaskProcess:
             env=dict(env),
             text=True,
             errors="replace",
+            start_new_session=own_group,
         )
         self.tail: deque[str] = deque(maxlen=20)
         self._ready: queue.Queue[str | None] = queue.Queue()
@@ -147,7 +153,10 @@ class TaskProcess:
 
     def kill(self) -> None:
         """SIGKILL (a crash, not a shutdown), reap, and close its standard input."""
-        if self.alive():
+        if self.own_group:
+            with contextlib.suppress(OSError):  # the whole group, even if the leader is gone
+                os.killpg(self.popen.pid, signal.SIGKILL)
+        elif self.alive():
             self.popen.kill()
         self.popen.wait()
         self.close_stdin()
@@ -191,6 +200,9 @@ class TaskGroup:
         env: Mapping[str, str],
         token: str,
         extra: Sequence[str] = (),
+        *,
+        per_task: Callable[[int], Sequence[str]] | None = None,
+        own_group: bool = False,
     ) -> None:
         if job not in _JOBS:
             raise ValueError(f"job={job!r}; expected one of {sorted(_JOBS)}")
@@ -198,6 +210,8 @@ class TaskGroup:
         self._env = env
         self._token = token
         self._extra = tuple(extra)
+        self._per_task = per_task
+        self._own_group = own_group
         self._processes: list[TaskProcess | None] = [None] * count
         self._addresses = ["127.0.0.1:0"] * count
         self._finalizer = weakref.finalize(self, _stop_all, self._processes)
@@ -227,8 +241,9 @@ class TaskGroup:
         env = {k: v for k, v in self._env.items() if k != PREVIOUS_EXIT_ENV}
         if previous_exit is not None:
             env[PREVIOUS_EXIT_ENV] = str(previous_exit)
+        extra = (*self._extra, *(self._per_task(index) if self._per_task else ()))
         self._processes[index] = TaskProcess(
-            self.job, index, self._addresses[index], env, self._extra
+            self.job, index, self._addresses[index], env, extra, own_group=self._own_group
         )
 
     def _await_ready(self, index: int, deadline: float) -> None:

@@ -85,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = _available()
     parser, module = _build_parser(commands, _chosen(args_list, commands))
     args = parser.parse_args(args_list)
+    # The subcommand's own flags, for a command that starts itself again (a slice host's
+    # supervisor).
+    args.raw_argv = args_list[args_list.index(args.command) + 1 :]
     if module is None:  # pragma: no cover - argparse rejects unknown commands first
         parser.error(f"unknown command {args.command!r}")
     try:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping, Sequence
+import signal
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -38,6 +39,17 @@ class LocalCluster:
             cluster.resolver.cluster_spec().jobs   # ['worker', 'ps']
             cluster.kill_ps(1)
             cluster.restart_ps(1)             # same address, empty
+
+        # 2 slices of 2 hosts with 2 CPU devices each: every closure runs on 4 devices.
+        with LocalCluster(num_workers=4, hosts_per_slice=2, devices_per_host=2) as cluster:
+            coordinator = cluster.coordinator()   # hosts_per_slice=2 already set
+            coordinator.schedule(lambda: jax.device_count()).fetch()   # 4
+
+    With ``hosts_per_slice=K`` (K > 1) workers ``i*K .. i*K+K-1`` form slice ``i``: each host
+    is a supervised ``jaxcluster worker --slice-size K`` whose process is started again
+    when its slice breaks, and :meth:`kill_worker` SIGKILLs one host's process (its
+    supervisor starts it again, so the slice re-forms by itself). ``devices_per_host=N``
+    gives every worker N forced CPU devices (``XLA_FLAGS``, ``JAX_PLATFORMS=cpu``).
     """
 
     def __init__(
@@ -48,6 +60,8 @@ class LocalCluster:
         env: Mapping[str, str] | None = None,
         worker_args: Sequence[str] = (),
         start_timeout: float = 120.0,
+        hosts_per_slice: int = 1,
+        devices_per_host: int | None = None,
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers={num_workers!r}; expected an int of at least 1")
@@ -55,8 +69,22 @@ class LocalCluster:
             raise ValueError(f"num_ps={num_ps!r}; expected an int of at least 0")
         if isinstance(worker_args, str):
             raise TypeError("worker_args must be a sequence of strings, not one string")
+        _check_count("hosts_per_slice", hosts_per_slice)
+        if num_workers % hosts_per_slice:
+            raise ValueError(
+                f"num_workers={num_workers} is not a multiple of hosts_per_slice="
+                f"{hosts_per_slice}; every slice needs all its hosts"
+            )
+        if devices_per_host is not None:
+            _check_count("devices_per_host", devices_per_host)
+        self._hosts_per_slice = hosts_per_slice
         self._token = secrets.token_hex(16)
         self._env = {**os.environ, **(env or {}), AUTH_TOKEN_ENV: self._token}
+        if devices_per_host is not None:
+            flags = self._env.get("XLA_FLAGS", "")
+            flag = f"--xla_force_host_platform_device_count={devices_per_host}"
+            self._env["XLA_FLAGS"] = f"{flags} {flag}".strip()
+            self._env["JAX_PLATFORMS"] = "cpu"
         # Output is forwarded line by line; unbuffered tasks keep it in order and timely.
         self._env.setdefault("PYTHONUNBUFFERED", "1")
         # Its tasks' output is forwarded into this process: only their warnings by default
@@ -64,7 +92,15 @@ class LocalCluster:
         self._env.setdefault("JAXCLUSTER_LOG_LEVEL", "WARNING")
         self._start_timeout = start_timeout
         self._stopped = False
-        self._workers = TaskGroup("worker", num_workers, self._env, self._token, worker_args)
+        self._workers = TaskGroup(
+            "worker",
+            num_workers,
+            self._env,
+            self._token,
+            worker_args,
+            per_task=_slice_flags(hosts_per_slice, num_workers),
+            own_group=hosts_per_slice > 1,
+        )
         self._ps = TaskGroup("ps", num_ps, self._env, self._token)
         try:
             self._ps.start_all(start_timeout)
@@ -114,17 +150,50 @@ class LocalCluster:
 
         self._check_running()
         kwargs.setdefault("auth_token", self._token)
+        if self._hosts_per_slice > 1:
+            kwargs.setdefault("hosts_per_slice", self._hosts_per_slice)
         return ClusterCoordinator(self.resolver, **kwargs)
 
+    @property
+    def hosts_per_slice(self) -> int:
+        """How many workers form one slice (1: every worker is its own)."""
+        return self._hosts_per_slice
+
+    @property
+    def slices(self) -> list[list[str]]:
+        """The workers' addresses grouped by slice (one address per slice when
+        ``hosts_per_slice`` is 1)."""
+        k, addresses = self._hosts_per_slice, self.addresses
+        return [addresses[i : i + k] for i in range(0, len(addresses), k)]
+
     def worker_pid(self, index: int) -> int | None:
-        """The pid of worker ``index``, or ``None`` if it is not running."""
+        """The pid of worker ``index``'s serving process, or ``None`` if it is not running
+        (in a slice: the process its supervisor runs now, asked of the worker itself)."""
         self._check_running()
-        return self._workers.pid(index)
+        pid = self._workers.pid(index)
+        if pid is None or self._hosts_per_slice == 1:
+            return pid
+        from jaxcluster import errors
+        from jaxcluster._native import core
+
+        client = core.WorkerClient(self.addresses[index], auth_token=self._token, timeout=5.0)
+        try:
+            return int(client.get_status()["pid"])
+        except errors.JaxClusterError:
+            return None
 
     def kill_worker(self, index: int) -> None:
-        """Kills worker ``index`` with SIGKILL and reaps it (a crash, not a shutdown)."""
+        """Kills worker ``index`` with SIGKILL and reaps it (a crash, not a shutdown). In
+        a slice this kills the host's serving process only: its supervisor starts it again
+        and the slice re-forms (use :meth:`restart_worker` to replace the supervisor too)."""
         self._check_running()
-        self._workers.kill(index)
+        if self._hosts_per_slice == 1:
+            self._workers.kill(index)
+            return
+        pid = self.worker_pid(index)
+        if pid is None:
+            raise RuntimeError(f"worker {index} is not serving; there is no process to kill")
+        os.kill(pid, signal.SIGKILL)
 
     def restart_worker(self, index: int) -> None:
         """Starts worker ``index`` again on its old address (killing it first if alive) and
@@ -183,3 +252,39 @@ class LocalCluster:
     def __repr__(self) -> str:
         state = "stopped" if self._stopped else "running"
         return f"LocalCluster(num_workers={self.num_workers}, {state}, addresses={self.addresses})"
+
+
+def _check_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r}; expected an int of at least 1")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _slice_flags(hosts_per_slice: int, num_workers: int) -> Callable[[int], list[str]] | None:
+    """Each worker's slice flags: slice ``i // K``, rank ``i % K``, the slice's own
+    ``jax.distributed`` coordinator port (picked once: a restarted host finds its slice)."""
+    if hosts_per_slice == 1:
+        return None
+    ports = [_free_port() for _ in range(num_workers // hosts_per_slice)]
+
+    def flags(index: int) -> list[str]:
+        slice_index, rank = divmod(index, hosts_per_slice)
+        return [
+            "--slice-size",
+            str(hosts_per_slice),
+            "--slice-index",
+            str(slice_index),
+            "--slice-rank",
+            str(rank),
+            "--slice-coordinator",
+            f"127.0.0.1:{ports[slice_index]}",
+        ]
+
+    return flags

@@ -36,6 +36,7 @@ from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunct
 from jaxcluster.coordinator.per_worker import PerWorkerDataset, PerWorkerValues
 from jaxcluster.coordinator.placement import WorkerFacts
 from jaxcluster.coordinator.remote_value import RemoteValue
+from jaxcluster.coordinator.slices import group_slices, slices_argument, slices_resolver
 from jaxcluster.coordinator.structure import map_structure
 
 __all__ = ["ClusterCoordinator"]
@@ -107,7 +108,11 @@ class ClusterCoordinator:
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
         refresh_interval: float | None = None,
+        hosts_per_slice: int | None = None,
+        slices: Any = None,
     ) -> None:
+        if cluster_resolver is None and strategy is None and slices is not None:
+            cluster_resolver = slices_resolver(slices)
         if (cluster_resolver is None) == (strategy is None):
             raise TypeError(
                 "ClusterCoordinator takes exactly one of cluster_resolver (positional) or "
@@ -133,7 +138,26 @@ class ClusterCoordinator:
         ca = ca or ca_from_env()
         self._auth_token, self._tls_ca = token, ca
         self._clients: dict[int, Any] = {}
-        addresses = _worker_addresses(resolver)
+        if slices is not None:
+            self._slices = slices_argument(slices)
+            if hosts_per_slice is not None and any(len(g) != hosts_per_slice for g in self._slices):
+                raise ValueError(
+                    f"slices= has slices of {sorted({len(g) for g in self._slices})} hosts "
+                    f"but hosts_per_slice={hosts_per_slice}"
+                )
+        else:
+            self._slices = group_slices(
+                _worker_addresses(resolver), hosts_per_slice, resolver=resolver
+            )
+        sliced = any(len(group) > 1 for group in self._slices)
+        if sliced and refresh_interval is not None:
+            raise ValueError(
+                "refresh_interval is not supported with multi-host slices yet: a slice's "
+                "membership is fixed when the coordinator starts"
+            )
+        # The dispatcher sees one worker per slice: its rank-0 host, which runs each
+        # closure on all of the slice's hosts.
+        addresses = [group[0] for group in self._slices]
         self._cluster_resolver = resolver
         self._strategy = None if source is resolver else source
         from jaxcluster._malloc import keep_freed_memory
@@ -155,7 +179,9 @@ class ClusterCoordinator:
         )
         self._membership = Membership(self._dispatcher, addresses, token, ca)
         self._worker_facts = WorkerFacts(self._dispatcher)
-        self._functions = FunctionSerializer(self._worker_facts.platforms)
+        # A jax.jit function is traced on the slice (its mesh spans hosts the coordinator
+        # cannot export for), so a sliced coordinator pickles it instead.
+        self._functions = FunctionSerializer(self._worker_facts.platforms, export=not sliced)
         self._registered: set[bytes] = set()
         self._lock = threading.Lock()
         self._closed = False
@@ -192,6 +218,7 @@ class ClusterCoordinator:
         already serves this coordinator is refused (``ValueError``, nothing added).
         """
         self._check_open()
+        self._check_unsliced("add_workers")
         return self._membership.add(addresses)
 
     def remove_workers(self, workers: Iterable[str | int] | str | int) -> None:
@@ -205,6 +232,7 @@ class ClusterCoordinator:
         worker able to run closures would remain.
         """
         self._check_open()
+        self._check_unsliced("remove_workers")
         for index in self._membership.remove(workers):
             self._clients.pop(index, None)
 
@@ -340,6 +368,18 @@ class ClusterCoordinator:
         ``metrics_port``."""
         server = self._metrics_server
         return None if server is None else server.address
+
+    @property
+    def slices(self) -> list[list[str]]:
+        """The hosts of every slice, rank 0 first, by worker index (one host each on an
+        unsliced coordinator)."""
+        return [list(group) for group in self._slices]
+
+    def _check_unsliced(self, what: str) -> None:
+        if any(len(group) > 1 for group in self._slices):
+            raise ValueError(
+                f"{what} is not supported with multi-host slices yet; the slices are {self._slices}"
+            )
 
     @property
     def cluster_resolver(self) -> Any:

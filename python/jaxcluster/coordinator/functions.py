@@ -196,8 +196,9 @@ class FunctionSerializer:
         len(sent.function_hash)  # 32
     """
 
-    def __init__(self, platforms: Callable[[], tuple[str, ...]]) -> None:
+    def __init__(self, platforms: Callable[[], tuple[str, ...]], *, export: bool = True) -> None:
         self._platforms = platforms
+        self._export_jitted = export
         self._lock = threading.Lock()
         self._pickled: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], SerializedFunction]]
         self._pickled = weakref.WeakKeyDictionary()
@@ -212,7 +213,11 @@ class FunctionSerializer:
         """The payload to run ``fn(*args, **kwargs)`` on a worker."""
         _check_callable(fn, "schedule()")
         jitted = is_jitted(fn)
-        if jitted:
+        if jitted and not self._export_jitted:
+            self._note_fallback(
+                fn, "the workers are multi-host slices, where it traces on the slice"
+            )
+        elif jitted:
             exported = self._export(fn, args, kwargs)
             if exported is not None:
                 return exported

@@ -23,6 +23,7 @@ from jaxcluster.worker.context import swap_current_index
 from jaxcluster.worker.failures import describe_exception
 from jaxcluster.worker.functions import FunctionCache, FunctionLoadError
 from jaxcluster.worker.resources import ResourceInputError, ResourceRegistry
+from jaxcluster.worker.slice import gather_output
 
 __all__ = ["Executor"]
 
@@ -36,15 +37,26 @@ class _Answered(Exception):
 class Executor:
     """Runs the jobs a ``jaxcluster._core.WorkerServer`` hands out, one at a time.
 
+    On a host of a slice (``sliced``), every value is made local to the host before it is
+    encoded (:func:`gather_output`, a collective all hosts run), only rank 0's value is
+    sent, and rank 0 (given its ``fanout``) forwards each job to its peers and answers once
+    they have answered too.
+
     Example::
 
         server = WorkerServer("127.0.0.1:0", worker_index=0)
         Executor(server, worker_index=0).serve()  # returns once shutdown has drained
     """
 
-    def __init__(self, server: Any, worker_index: int) -> None:
+    def __init__(
+        self, server: Any, worker_index: int, *, sliced: bool = False, fanout: Any = None
+    ) -> None:
         self._server = server
         self._index = worker_index
+        self._sliced = sliced
+        self._fanout = fanout
+        # A peer (rank > 0) of a slice: its values stay on the host, rank 0 sends its own.
+        self._peer = sliced and fanout is None
         self._functions = FunctionCache()
         self._resources = ResourceRegistry(worker_index)
         self.jobs_handled = 0
@@ -69,7 +81,10 @@ class Executor:
             elif job.kind == "create_resource":
                 self._create(job)
             elif job.kind == "release_resource":
-                job.reply_ok(released=self._resources.release(job.resource_ids))
+                pending = self._forward(job)
+                released = self._resources.release(job.resource_ids)
+                self._settle(pending)
+                job.reply_ok(released=released)
             else:
                 job.reply_status("INTERNAL", f"this worker cannot handle jobs of kind {job.kind!r}")
         except _Answered:
@@ -138,7 +153,17 @@ class Executor:
         finally:
             swap_current_index(previous)
 
+    def _forward(self, job: Any) -> Any:
+        return None if self._fanout is None else self._fanout.send(job)
+
+    def _settle(self, pending: Any, *, failed: bool = False) -> Any:
+        """Waits for the peers' parts of a job rank 0 forwarded; their first error."""
+        return None if pending is None else self._fanout.wait(pending, local_failed=failed)
+
     def _run(self, job: Any) -> None:
+        if self._sliced:
+            self._run_sliced(job)
+            return
         try:
             result = self._call(job)
             encoded = wire.encode(result, zero_copy=True)
@@ -148,13 +173,39 @@ class Executor:
             raise self._fail(job, "user", exc) from None
         job.reply_ok(encoded.pickle, encoded.buffers)
 
+    def _run_sliced(self, job: Any) -> None:
+        pending = self._forward(job)
+        try:
+            result = gather_output(self._call(job))
+            encoded = wire.encode(None if self._peer else result, zero_copy=True)
+        except _Answered:
+            self._settle(pending, failed=True)
+            raise
+        except Exception as exc:
+            answered = self._fail(job, "user", exc)
+            self._settle(pending, failed=True)
+            raise answered from None
+        peer_error = self._settle(pending)
+        if peer_error is not None:
+            job.reply_error(**peer_error.reply_kwargs())
+            return
+        job.reply_ok(encoded.pickle, encoded.buffers)
+
     def _create(self, job: Any) -> None:
+        pending = self._forward(job)
         try:
             value = self._call(job)
         except _Answered:
+            self._settle(pending, failed=True)
             raise
         except Exception as exc:
             self._resources.fail(job.resource_id, exc)
-            raise self._fail(job, "user", exc) from None
+            answered = self._fail(job, "user", exc)
+            self._settle(pending, failed=True)
+            raise answered from None
         self._resources.put(job.resource_id, value)
+        peer_error = self._settle(pending)
+        if peer_error is not None:
+            job.reply_error(**peer_error.reply_kwargs())
+            return
         job.reply_ok()

@@ -28,8 +28,13 @@ from jaxcluster._task_process import (
     tls_error,
     tls_files,
 )
+from jaxcluster.errors import DeadlineExceededError
+from jaxcluster.worker.slice import SliceMismatchError
 
 __all__ = ["WorkerSetupError", "add_arguments", "main", "run"]
+
+# The slice flags and how each is derived when not given (see `_slice_config`).
+_DEFAULT_SLICE_PORT = 8476
 
 _log = logging.getLogger("jaxcluster.worker")
 
@@ -48,6 +53,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bytes of registered function payloads kept (default 1 GiB); the least "
         "recently used is evicted first and registered again by its coordinator when needed",
     )
+    group = parser.add_argument_group(
+        "multi-host slices",
+        "K hosts that form one jax.distributed group and run every closure SPMD; the "
+        "coordinator (ClusterCoordinator(hosts_per_slice=K)) talks to rank 0",
+    )
+    group.add_argument("--slice-size", type=int, default=None, help="hosts per slice (K)")
+    group.add_argument(
+        "--slice-index", type=int, default=None, help="this host's slice (default --index // K)"
+    )
+    group.add_argument(
+        "--slice-rank", type=int, default=None, help="rank in the slice (default --index %% K)"
+    )
+    group.add_argument(
+        "--slice-coordinator",
+        default=None,
+        metavar="HOST:PORT",
+        help="the slice's jax.distributed coordinator, served by its rank 0 (default: the "
+        f"host of the slice's first worker task, port {_DEFAULT_SLICE_PORT}, from "
+        "--from-resolver)",
+    )
+    group.add_argument(
+        "--slice-heartbeat-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a host of the slice may go unanswered before the slice is failed "
+        "and its hosts restart (default 10)",
+    )
+    group.add_argument(
+        "--slice-init-timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for every host of the slice to join (default 300)",
+    )
+    group.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="exit when the slice breaks instead of starting again (for an orchestrator "
+        "that restarts the process itself)",
+    )
+    group.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
 
 
 def _install_signal_handlers(server: Any) -> None:
@@ -60,8 +105,70 @@ def _install_signal_handlers(server: Any) -> None:
     signal.signal(signal.SIGINT, drain)
 
 
+def _slice_config(args: argparse.Namespace, index: int) -> Any:
+    """This host's :class:`SliceConfig`, or ``None`` outside a slice (``--slice-size`` 1
+    or absent)."""
+    from jaxcluster.worker.slice import SliceConfig
+
+    size = args.slice_size
+    if size is None or size == 1:
+        if any(v is not None for v in (args.slice_index, args.slice_rank, args.slice_coordinator)):
+            raise TaskSetupError(
+                "--slice-index/--slice-rank/--slice-coordinator need --slice-size K"
+            )
+        return None
+    if size < 1:
+        raise TaskSetupError(f"--slice-size {size}; expected at least 1")
+    slice_index = index // size if args.slice_index is None else args.slice_index
+    rank = index % size if args.slice_rank is None else args.slice_rank
+    coordinator = args.slice_coordinator
+    if coordinator is None:
+        if args.from_resolver is None:
+            raise TaskSetupError(
+                "--slice-size needs --slice-coordinator HOST:PORT (the slice's rank-0 host) "
+                "or --from-resolver to derive it"
+            )
+        coordinator = _slice_leader_host(args, slice_index * size)
+    try:
+        return SliceConfig(
+            index=slice_index,
+            rank=rank,
+            size=size,
+            coordinator=coordinator,
+            init_timeout=args.slice_init_timeout,
+            heartbeat_timeout=args.slice_heartbeat_timeout,
+        )
+    except ValueError as exc:
+        raise TaskSetupError(str(exc)) from None
+
+
+def _slice_leader_host(args: argparse.Namespace, leader_task: int) -> str:
+    from jaxcluster.cluster_resolver import resolve
+
+    spec = resolve(environment=args.from_resolver).cluster_spec()
+    try:
+        address = spec.task_address("worker", leader_task)
+    except (KeyError, ValueError, IndexError) as exc:
+        raise TaskSetupError(
+            f"--from-resolver {args.from_resolver!r} has no worker task {leader_task} to "
+            f"lead this slice: {exc}"
+        ) from None
+    host = address.rpartition(":")[0]
+    return f"{host}:{_DEFAULT_SLICE_PORT}"
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs a worker with parsed ``args`` until it is shut down; returns the exit status."""
+    if (args.slice_size or 1) > 1 and not args.supervised and not args.no_restart:
+        raw = getattr(args, "raw_argv", None)
+        if raw is not None:
+            from jaxcluster.worker.supervisor import supervise
+
+            return supervise(raw, dict(os.environ))
+    return _serve(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
     from jaxcluster._malloc import keep_freed_memory
     from jaxcluster._native import core
     from jaxcluster.metrics import MissingMetricsExtraError, serve_worker
@@ -77,6 +184,11 @@ def run(args: argparse.Namespace) -> int:
         # Closures reach parameter servers with the token this worker was started with.
         context.set_worker_auth_token(token)
         tls_cert, tls_key = tls_files(args)
+        config = _slice_config(args, index)
+        if config is not None:
+            from jaxcluster.worker.slice import join
+
+            join(config)  # before JAX's backend starts: it must see the whole slice
         info = jax_runtime_info(index)
         server = core.WorkerServer(
             address,
@@ -94,6 +206,15 @@ def run(args: argparse.Namespace) -> int:
     except (TaskSetupError, ValueError, OSError, MissingMetricsExtraError) as exc:
         print(f"jaxcluster worker: error: {tls_error(exc, args)}", file=sys.stderr, flush=True)
         return 2
+    except DeadlineExceededError as exc:  # the slice did not form: worth starting again
+        print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
+        return 3
+    try:
+        slice_parts = _form_slice(config, server, token) if config is not None else None
+    except SliceMismatchError as exc:
+        print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
+        server.shutdown(timeout=1.0)
+        return 2
 
     _install_signal_handlers(server)
     watch = ParentWatch(server) if args.stop_on_stdin_eof else None
@@ -101,7 +222,12 @@ def run(args: argparse.Namespace) -> int:
         watch.start()
     try:
         print(f"jaxcluster worker listening on {server.address}", flush=True)
-        Executor(server, index).serve()
+        if slice_parts is None:
+            Executor(server, index).serve()
+        else:
+            fanout, _ = slice_parts
+            # In a slice the closures' worker index is the slice's (one per slice).
+            Executor(server, config.index, sliced=True, fanout=fanout).serve()
         drained = server.shutdown(timeout=30.0)
         status = server.status()
         _log.info(
@@ -112,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
             status["closures_failed"],
         )
     finally:
+        if slice_parts is not None:
+            slice_parts[1].stop()
         if metrics is not None:
             metrics.close()
         # Joined before the interpreter finalizes: no thread of ours is left inside I/O.
@@ -120,10 +248,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _form_slice(config: Any, server: Any, token: str | None) -> tuple[Any, Any]:
+    """Exchanges addresses with the slice's other hosts and starts watching them: rank 0
+    watches every peer and forwards jobs to them (its ``Fanout``), a peer watches rank 0.
+    Returns ``(fanout or None, watch)``."""
+    from jaxcluster.worker.fanout import Fanout
+    from jaxcluster.worker.slice import SliceWatch, exchange
+
+    hosts = exchange(config, server.address, server.status()["incarnation"])
+    peers = [h for h in hosts if h.rank != config.rank]
+    watched = peers if config.leader else [hosts[0]]
+    watch = SliceWatch(watched, token, config.heartbeat_timeout, slice_index=config.index)
+    watch.start()
+    fanout = None
+    if config.leader:
+        fanout = Fanout(
+            peers, token, slice_index=config.index, heartbeat_timeout=config.heartbeat_timeout
+        )
+    _log.info(
+        "slice %d formed: %s",
+        config.index,
+        ", ".join(f"rank {h.rank} {h.address}" for h in hosts),
+    )
+    return fanout, watch
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m jaxcluster.worker``."""
     parser = argparse.ArgumentParser(
         prog="jaxcluster worker", description=__doc__.split("\n\n")[0] if __doc__ else None
     )
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.raw_argv = list(sys.argv[1:] if argv is None else argv)
+    return run(args)

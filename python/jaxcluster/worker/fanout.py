@@ -1,0 +1,193 @@
+"""Rank 0 of a slice forwards every job it receives to the slice's other hosts.
+
+The coordinator sends a closure to a slice's rank-0 host only; :class:`Fanout` sends the
+same function (registered once per peer) and the same argument bytes to every peer, one
+thread per peer, while rank 0 runs the closure itself, so all hosts enter the SPMD program
+together. Peers answer when their part is done; rank 0 answers the coordinator once all
+have, with its own value or the first error any host raised.
+
+A peer that cannot be reached, or that fails without a closure error (its process died,
+its connection broke), breaks the slice: the forwarding thread ends this process at once
+(:func:`jaxcluster.worker.slice.broken`) rather than wait for rank 0's own part, which may
+be blocked forever in a collective with the lost peer.
+
+Example::
+
+    fanout = Fanout(peers, auth_token="s3cret", slice_index=0, heartbeat_timeout=10.0)
+    pending = fanout.send(job)       # before running the job locally
+    error = fanout.wait(pending)     # after: the first peer's ClosureError, or None
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
+from typing import Any
+
+from jaxcluster import errors
+from jaxcluster.worker.slice import SliceHost, broken
+
+__all__ = ["Fanout", "PeerError"]
+
+_log = logging.getLogger("jaxcluster.worker.slice")
+
+
+class PeerError:
+    """A closure error a peer reported, with the host it came from."""
+
+    def __init__(self, host: SliceHost, error: Any) -> None:
+        self.host = host
+        self.error = error
+
+    def reply_kwargs(self) -> dict[str, Any]:
+        """Arguments for ``WorkerJob.reply_error`` passing the peer's error on."""
+        e = self.error
+        kind = e.kind if e.kind in ("user", "input", "function_load") else "infrastructure"
+        return {
+            "kind": kind,
+            "type_name": e["type_name"],
+            "module": e["module"],
+            "message": f"{e['message']} (on slice host rank {self.host.rank}, {self.host.address})",
+            # The coordinator names rank 0 as the worker; the traceback says which host.
+            "traceback": f"on slice host rank {self.host.rank} at {self.host.address}:\n"
+            f"{e['traceback']}",
+            "exception": e["exception"],
+            "exception_buffers": list(e["exception_buffers"]),
+            "resource_id": e["resource_id"],
+        }
+
+
+class _Peer:
+    def __init__(self, host: SliceHost, client: Any) -> None:
+        self.host = host
+        self.client = client
+        self.registered: set[bytes] = set()
+        self.lock = threading.Lock()
+
+
+class Fanout:
+    """Forwards jobs from a slice's rank 0 to its ``peers`` (every other host)."""
+
+    def __init__(
+        self,
+        peers: Sequence[SliceHost],
+        auth_token: str | None,
+        *,
+        slice_index: int,
+        heartbeat_timeout: float,
+        on_broken: Callable[[str], None] | None = None,
+    ) -> None:
+        from jaxcluster._native import core
+
+        self._peers = [
+            _Peer(h, core.WorkerClient(h.address, auth_token, heartbeat_timeout)) for h in peers
+        ]
+        self._index = slice_index
+        self._timeout = heartbeat_timeout
+        self._on_broken = on_broken or broken
+        self._pool = ThreadPoolExecutor(
+            max_workers=max(1, len(self._peers)), thread_name_prefix="jaxcluster-fanout"
+        )
+
+    def send(self, job: Any) -> list[Future[Any]]:
+        """Starts ``job`` (a ``WorkerJob``) on every peer; returns what :meth:`wait` takes."""
+        kind = job.kind
+        if kind == "release_resource":
+            ids = list(job.resource_ids)
+            return [
+                self._pool.submit(self._guard, p, partial(self._release, p, ids))
+                for p in self._peers
+            ]
+        # The job's bytes are read here, on the executor's thread, once for all peers.
+        function = (job.function_hash, job.function_kind, job.function_payload)
+        args = None if job.args is None else bytes(job.args)
+        buffers = [bytes(b) for b in job.buffers]
+        resource_id = job.resource_id if kind == "create_resource" else None
+        closure_id = job.closure_id or 0
+        return [
+            self._pool.submit(
+                self._guard,
+                p,
+                partial(self._call, p, function, args, buffers, closure_id, resource_id),
+            )
+            for p in self._peers
+        ]
+
+    def wait(
+        self, pending: Sequence[Future[Any]], *, local_failed: bool = False
+    ) -> PeerError | None:
+        """Waits for every peer's part; returns the first peer's closure error, if any.
+
+        When rank 0's own part failed, the peers may be blocked in a collective rank 0 never
+        reached: they get ``heartbeat_timeout`` seconds to finish, then the slice is broken.
+        """
+        first: PeerError | None = None
+        for future in pending:
+            try:
+                outcome = future.result(timeout=self._timeout if local_failed else None)
+            except FutureTimeout:
+                self._on_broken(
+                    f"slice {self._index}: rank 0's part of a closure failed and a peer was "
+                    f"still running it {self._timeout:g} s later (its collectives cannot "
+                    "complete)"
+                )
+                return first
+            if first is None and isinstance(outcome, PeerError):
+                first = outcome
+        return first
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _guard(self, peer: _Peer, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except errors.JaxClusterError as exc:
+            self._on_broken(
+                f"slice {self._index}: forwarding to rank {peer.host.rank} at "
+                f"{peer.host.address} failed ({type(exc).__name__}: {exc})"
+            )
+            raise
+
+    def _register(self, peer: _Peer, function: tuple[Any, Any, Any], force: bool) -> None:
+        function_hash, kind, payload = function
+        with peer.lock:
+            if function_hash in peer.registered and not force:
+                return
+            if payload is None:
+                raise errors.InternalError("the job carries no function payload to forward")
+            peer.client.register_function(function_hash, kind, payload)
+            peer.registered.add(function_hash)
+
+    def _call(
+        self,
+        peer: _Peer,
+        function: tuple[Any, Any, Any],
+        args: bytes | None,
+        buffers: list[bytes],
+        closure_id: int,
+        resource_id: int | None,
+    ) -> PeerError | None:
+        for attempt in range(2):
+            self._register(peer, function, force=attempt > 0)
+            try:
+                if resource_id is None:
+                    answer = peer.client.run_closure(
+                        function[0], args, buffers, closure_id=closure_id
+                    )
+                else:
+                    answer = peer.client.create_resource(resource_id, function[0], args, buffers)
+            except errors.NotFoundError:
+                if attempt:  # registered again just now and still unknown
+                    raise
+                continue  # the peer evicted the function: register it again
+            error = answer["error"]
+            return None if error is None else PeerError(peer.host, error)
+        return None  # pragma: no cover - the loop returns or raises
+
+    def _release(self, peer: _Peer, ids: list[int]) -> None:
+        peer.client.release_resource(ids)
