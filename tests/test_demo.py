@@ -42,3 +42,36 @@ def test_bad_demo_flags_are_rejected() -> None:
     )
     assert completed.returncode == 2
     assert "0 is not at least 1" in completed.stderr
+
+
+def test_the_slices_demo_survives_a_killed_host() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "jaxcluster", "demo", "--slices", "--steps", "200"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr[-3000:]
+    match = re.search(r"loss (\d+\.\d+) -> (\d+\.\d+)", completed.stdout)
+    assert match is not None, completed.stdout
+    assert float(match.group(2)) < float(match.group(1))
+    per_slice = re.search(r"steps per slice \[(\d+), (\d+)\]", completed.stdout)
+    assert per_slice is not None, completed.stdout
+    assert int(per_slice.group(1)) + int(per_slice.group(2)) == 200
+    assert int(per_slice.group(2)) > 0  # the other slice took steps
+    recovered = re.search(
+        r"slice failures (\d+); slice 0 re-formed and served again (\d+\.\d) s", completed.stdout
+    )
+    assert recovered is not None, completed.stdout
+    assert int(recovered.group(1)) >= 1
+
+
+def test_ps_and_slices_together_are_refused() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-m", "jaxcluster", "demo", "--ps", "--slices"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 2
+    assert "choose one of --ps and --slices" in completed.stderr

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jaxcluster import LocalCluster
+from jaxcluster import LocalCluster, errors
 from jaxcluster.coordinator import ClusterCoordinator, get_current_worker_index
 from support.closures import TESTS_DIR, wait_for_file, wait_until
 
@@ -296,3 +296,73 @@ def test_hosts_that_disagree_about_their_slice_are_refused() -> None:
         assert "the hosts of slice" in err and "disagree" in err, err
         assert "rank 0 at 127.0.0.1:" in err and "says slice 0 of 2 hosts" in err, err
         assert "rank 1 at 127.0.0.1:" in err and "says slice 1 of 2 hosts" in err, err
+
+
+def sharded_state() -> Any:
+    """An init_fn: state sharded over every device of the slice."""
+    _, x = _global(8)
+    return {"w": x}
+
+
+def increment(state: Any) -> float:
+    import jax
+
+    state.assign({"w": jax.jit(lambda w: w + 1)(state.value["w"])})
+    return get_current_worker_index()
+
+
+def test_device_state_stays_sharded_across_the_slice(
+    coordinator: ClusterCoordinator,
+) -> None:
+    state = coordinator.create_per_worker_state(sharded_state)
+    ran_on = coordinator.fetch([coordinator.schedule(increment, args=(state,)) for _ in range(6)])
+    assert coordinator.join() is True
+    for s in range(SLICES):
+        times = ran_on.count(s)
+        np.testing.assert_array_equal(
+            np.asarray(state.fetch(s)["w"]), np.arange(8, dtype=np.float32) + times
+        )
+
+
+def test_a_coordinator_that_reaches_a_peer_host_is_told_why(cluster: LocalCluster) -> None:
+    peer = cluster.slices[0][1]
+    with (
+        ClusterCoordinator(
+            slices=[[peer]], auth_token=cluster.auth_token, error_policy="per_closure"
+        ) as coordinator,
+        pytest.raises(errors.FailedPreconditionError, match="rank 1 of slice 0") as info,
+    ):
+        coordinator.schedule(os.getpid).fetch()
+    assert f"hosts_per_slice={HOSTS}" in str(info.value)
+    assert cluster.slices[0][0] in str(info.value)  # names the rank 0 to use
+
+
+def test_given_up_slice_leaves_the_other_and_all_gone_is_unavailable(tmp_path: Path) -> None:
+    path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
+    with (
+        LocalCluster(
+            num_workers=SLICES * HOSTS,
+            hosts_per_slice=HOSTS,
+            devices_per_host=1,
+            env={"PYTHONPATH": path},
+            worker_args=["--slice-heartbeat-timeout", "3", "--slice-init-timeout", "5"],
+        ) as local,
+        local.coordinator(recovery_timeout=3.0, error_policy="per_closure") as coordinator,
+    ):
+        assert len(coordinator.fetch([coordinator.schedule(slice_pids) for _ in range(4)])) == 4
+        local.kill_worker(1, supervisor=True)  # slice 0 loses a host for good
+        survivors = _host_pids(local, 1)
+
+        def only_slice_one_serves() -> bool:
+            # The coordinator learns of a failure when it sends the slice work.
+            coordinator.fetch([coordinator.schedule(slice_pids) for _ in range(2)])
+            return coordinator.workers[0]["state"] == "given_up"
+
+        wait_until(only_slice_one_serves, "slice 0 to be given up", timeout=120)
+        results = coordinator.fetch([coordinator.schedule(slice_pids) for _ in range(4)])
+        assert {index for index, _ in results} == {1}
+        assert all(pids == survivors for _, pids in results)
+        local.kill_worker(HOSTS, supervisor=True)  # and slice 1: nothing left
+        with pytest.raises(errors.UnavailableError):
+            coordinator.schedule(slice_pids).fetch()
+        assert [w["state"] for w in coordinator.workers] == ["given_up", "given_up"]

@@ -182,12 +182,13 @@ class LocalCluster:
         except errors.JaxClusterError:
             return None
 
-    def kill_worker(self, index: int) -> None:
+    def kill_worker(self, index: int, *, supervisor: bool = False) -> None:
         """Kills worker ``index`` with SIGKILL and reaps it (a crash, not a shutdown). In
         a slice this kills the host's serving process only: its supervisor starts it again
-        and the slice re-forms (use :meth:`restart_worker` to replace the supervisor too)."""
+        and the slice re-forms; with ``supervisor=True`` the supervisor dies too and the
+        host stays down until :meth:`restart_worker`."""
         self._check_running()
-        if self._hosts_per_slice == 1:
+        if self._hosts_per_slice == 1 or supervisor:
             self._workers.kill(index)
             return
         pid = self.worker_pid(index)

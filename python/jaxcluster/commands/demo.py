@@ -1,6 +1,7 @@
-"""``jaxcluster demo``: asynchronous JAX training on a local cluster that loses a worker;
+""" "``jaxcluster demo``: asynchronous JAX training on a local cluster that loses a worker;
 ``jaxcluster demo --ps``: parameter-server training that loses a ps task and resumes from
-a checkpoint."""
+a checkpoint; ``jaxcluster demo --slices``: SPMD steps over 2 multi-host slices, one of
+which loses a host and re-forms."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ __all__ = ["add_arguments", "run"]
 
 _DEFAULT_STEPS = 3000
 _DEFAULT_PS_STEPS = 1000
+_DEFAULT_SLICES_STEPS = 600
 
 
 def _positive(text: str) -> int:
@@ -30,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="parameter-server training: variables on 2 ps tasks, a checkpoint, a killed "
         "ps and a restart from the checkpoint",
+    )
+    parser.add_argument(
+        "--slices",
+        action="store_true",
+        help="training over 2 slices of 2 hosts x 2 CPU devices (each step SPMD with a "
+        "cross-host psum); one host is SIGKILLed and its slice re-forms",
     )
     parser.add_argument(
         "--workers", type=_positive, default=2, help="worker processes to start (default 2)"
@@ -57,8 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Runs the demo; exit status 0 when the loss went down (and, with ``--ps``, the run
     recovered from the lost ps task), 1 otherwise."""
+    if args.ps and args.slices:
+        print("jaxcluster demo: error: choose one of --ps and --slices", file=sys.stderr)
+        return 2
     if args.ps:
         return _run_ps(args)
+    if args.slices:
+        return _run_slices(args)
     from jaxcluster.demo import run_demo
 
     steps = _DEFAULT_STEPS if args.steps is None else args.steps
@@ -111,6 +124,38 @@ def _run_ps(args: argparse.Namespace) -> int:
             f"(loss {result.restored_loss:.4f}), then finished",
         ]
     lines.append(f"  closures run {result.completed}, ps failures seen {result.ps_failures}")
+    print("\n".join(lines))
+    sys.stdout.flush()
+    return 0 if improved and recovered else 1
+
+
+def _run_slices(args: argparse.Namespace) -> int:
+    from jaxcluster.demo_slices import run_slices_demo
+
+    steps = _DEFAULT_SLICES_STEPS if args.steps is None else args.steps
+    result = run_slices_demo(
+        steps=steps, in_flight=args.in_flight, kill=not args.no_kill, seed=args.seed
+    )
+    improved = result.final_loss < result.initial_loss
+    lines = [
+        f"jaxcluster demo --slices: 2 slices x 2 hosts x 2 CPU devices, {result.steps} steps "
+        f"in {result.seconds:.1f} s",
+        f"  loss {result.initial_loss:.4f} -> {result.final_loss:.4f}"
+        + ("" if improved else "  (did not decrease)"),
+        f"  steps per slice {result.steps_per_slice}, closures run {result.completed}",
+    ]
+    recovered = True
+    if not args.no_kill:
+        recovered = result.recovered_after is not None
+        lines.append(
+            f"  slice failures {result.slice_failures}; slice 0 "
+            + (
+                f"re-formed and served again {result.recovered_after:.1f} s after its host "
+                "was killed"
+                if result.recovered_after is not None
+                else "did not serve again within 2 minutes"
+            )
+        )
     print("\n".join(lines))
     sys.stdout.flush()
     return 0 if improved and recovered else 1

@@ -16,6 +16,7 @@ than the run-to-run noise.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from jaxcluster import wire
@@ -23,9 +24,10 @@ from jaxcluster.worker.context import swap_current_index
 from jaxcluster.worker.failures import describe_exception
 from jaxcluster.worker.functions import FunctionCache, FunctionLoadError
 from jaxcluster.worker.resources import ResourceInputError, ResourceRegistry
-from jaxcluster.worker.slice import gather_output
+from jaxcluster.worker.slice import broken, gather_output
 
 __all__ = ["Executor"]
+
 
 _INTERNAL = frozenset({__file__})
 
@@ -49,7 +51,14 @@ class Executor:
     """
 
     def __init__(
-        self, server: Any, worker_index: int, *, sliced: bool = False, fanout: Any = None
+        self,
+        server: Any,
+        worker_index: int,
+        *,
+        sliced: bool = False,
+        fanout: Any = None,
+        peer_refusal: str = "",
+        slice_check: Callable[[], str | None] | None = None,
     ) -> None:
         self._server = server
         self._index = worker_index
@@ -57,6 +66,8 @@ class Executor:
         self._fanout = fanout
         # A peer (rank > 0) of a slice: its values stay on the host, rank 0 sends its own.
         self._peer = sliced and fanout is None
+        self._peer_refusal = peer_refusal
+        self._slice_check = slice_check
         self._functions = FunctionCache()
         self._resources = ResourceRegistry(worker_index)
         self.jobs_handled = 0
@@ -76,7 +87,11 @@ class Executor:
     def handle(self, job: Any) -> None:
         """Runs one job and answers it; a failure of the executor itself answers INTERNAL."""
         try:
-            if job.kind == "run":
+            if self._peer and job.worker_index is not None:
+                # From a coordinator, not from this slice's rank 0: running it here alone
+                # would leave its collectives waiting for hosts that never join.
+                job.reply_status("FAILED_PRECONDITION", self._peer_refusal)
+            elif job.kind == "run":
                 self._run(job)
             elif job.kind == "create_resource":
                 self._create(job)
@@ -153,6 +168,13 @@ class Executor:
         finally:
             swap_current_index(previous)
 
+    def _check_slice(self) -> None:
+        """Ends this process (the slice broke) if a host it watches is gone."""
+        if self._slice_check is not None:
+            reason = self._slice_check()
+            if reason is not None:
+                broken(reason)
+
     def _forward(self, job: Any) -> Any:
         return None if self._fanout is None else self._fanout.send(job)
 
@@ -182,9 +204,11 @@ class Executor:
             self._settle(pending, failed=True)
             raise
         except Exception as exc:
-            answered = self._fail(job, "user", exc)
+            # A collective fails fast when a host of the slice died: that is the slice's
+            # failure (the closure runs again elsewhere), not the closure's. Ask first.
+            self._check_slice()
             self._settle(pending, failed=True)
-            raise answered from None
+            raise self._fail(job, "user", exc) from None
         peer_error = self._settle(pending)
         if peer_error is not None:
             job.reply_error(**peer_error.reply_kwargs())
@@ -199,10 +223,11 @@ class Executor:
             self._settle(pending, failed=True)
             raise
         except Exception as exc:
-            self._resources.fail(job.resource_id, exc)
-            answered = self._fail(job, "user", exc)
+            if self._sliced:
+                self._check_slice()
             self._settle(pending, failed=True)
-            raise answered from None
+            self._resources.fail(job.resource_id, exc)
+            raise self._fail(job, "user", exc) from None
         self._resources.put(job.resource_id, value)
         peer_error = self._settle(pending)
         if peer_error is not None:

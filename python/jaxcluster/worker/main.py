@@ -225,9 +225,16 @@ def _serve(args: argparse.Namespace) -> int:
         if slice_parts is None:
             Executor(server, index).serve()
         else:
-            fanout, _ = slice_parts
+            fanout, slice_watch, refusal = slice_parts
             # In a slice the closures' worker index is the slice's (one per slice).
-            Executor(server, config.index, sliced=True, fanout=fanout).serve()
+            Executor(
+                server,
+                config.index,
+                sliced=True,
+                fanout=fanout,
+                peer_refusal=refusal,
+                slice_check=slice_watch.check,
+            ).serve()
         drained = server.shutdown(timeout=30.0)
         status = server.status()
         _log.info(
@@ -248,10 +255,10 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _form_slice(config: Any, server: Any, token: str | None) -> tuple[Any, Any]:
+def _form_slice(config: Any, server: Any, token: str | None) -> tuple[Any, Any, str]:
     """Exchanges addresses with the slice's other hosts and starts watching them: rank 0
     watches every peer and forwards jobs to them (its ``Fanout``), a peer watches rank 0.
-    Returns ``(fanout or None, watch)``."""
+    Returns ``(fanout or None, watch, what a peer answers a coordinator)``."""
     from jaxcluster.worker.fanout import Fanout
     from jaxcluster.worker.slice import SliceWatch, exchange
 
@@ -270,7 +277,13 @@ def _form_slice(config: Any, server: Any, token: str | None) -> tuple[Any, Any]:
         config.index,
         ", ".join(f"rank {h.rank} {h.address}" for h in hosts),
     )
-    return fanout, watch
+    refusal = (
+        f"this worker is rank {config.rank} of slice {config.index} "
+        f"({', '.join(h.address for h in hosts)}): closures go to its rank 0 "
+        f"({hosts[0].address}), which runs them on every host. Give the coordinator "
+        f"hosts_per_slice={config.size} (or slices=) to match the workers' --slice-size"
+    )
+    return fanout, watch, refusal
 
 
 def main(argv: Sequence[str] | None = None) -> int:
