@@ -4,6 +4,7 @@ cross-process collectives through gloo, real SIGKILL and SIGSTOP of one host."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -324,17 +325,30 @@ def test_device_state_stays_sharded_across_the_slice(
         )
 
 
-def test_a_coordinator_that_reaches_a_peer_host_is_told_why(cluster: LocalCluster) -> None:
-    peer = cluster.slices[0][1]
-    with (
-        ClusterCoordinator(
-            slices=[[peer]], auth_token=cluster.auth_token, error_policy="per_closure"
-        ) as coordinator,
-        pytest.raises(errors.FailedPreconditionError, match="rank 1 of slice 0") as info,
+def test_a_coordinator_that_groups_hosts_wrongly_is_told_why(cluster: LocalCluster) -> None:
+    peer, leader = cluster.slices[0][1], cluster.slices[0][0]
+    # A peer is never a slice's entry point, and rank 0 of a 2-host slice is not a worker
+    # of its own: neither is used, and the error says what to change.
+    for slices, expected in (
+        ([[peer]], f"is rank 1 of slice 0 ({HOSTS} hosts)"),
+        ([[leader]], f"give it hosts_per_slice={HOSTS}"),
     ):
-        coordinator.schedule(os.getpid).fetch()
-    assert f"hosts_per_slice={HOSTS}" in str(info.value)
-    assert cluster.slices[0][0] in str(info.value)  # names the rank 0 to use
+        with (
+            ClusterCoordinator(
+                slices=slices, auth_token=cluster.auth_token, connect_timeout=2.0
+            ) as coordinator,
+            pytest.raises(errors.UnavailableError, match=re.escape(expected)),
+        ):
+            coordinator.schedule(os.getpid).fetch()
+    from jaxcluster._native import core
+
+    reported = [
+        core.WorkerClient(address, auth_token=cluster.auth_token).get_status()
+        for address in cluster.addresses
+    ]
+    assert [(s["slice_index"], s["slice_rank"], s["slice_size"]) for s in reported] == [
+        (i // HOSTS, i % HOSTS, HOSTS) for i in range(SLICES * HOSTS)
+    ]
 
 
 def test_given_up_slice_leaves_the_other_and_all_gone_is_unavailable(tmp_path: Path) -> None:

@@ -194,6 +194,9 @@ class WorkerServer:
         handshake_timeout: float = 5.0,
         max_function_bytes: int = ...,
         previous_exit: str = ...,
+        slice_index: int | None = None,
+        slice_rank: int | None = None,
+        slice_size: int | None = None,
     ) -> Self:
         """Binds ``address`` (port 0 picks a free port) and starts serving.
 
@@ -208,7 +211,9 @@ class WorkerServer:
         authenticated request within ``handshake_timeout`` seconds is closed. Registered
         function payloads are kept up to ``max_function_bytes`` (least recently used
         evicted first). ``previous_exit`` is reported by ``GetStatus``: how the previous
-        worker process on this address ended, if its launcher said.
+        worker process on this address ended, if its launcher said. ``slice_index``,
+        ``slice_rank`` and ``slice_size`` (all three or none; rank below size) say which
+        multi-host slice this worker is a host of, reported by ``GetStatus``.
         """
 
     @property
@@ -366,7 +371,9 @@ class WorkerClient:
         ``resources_released``, ``unauthenticated_requests``, ``rejected_requests``,
         ``pid``, ``uptime_seconds``, ``protocol_revision``, ``incarnation`` (random per
         worker server, never 0: a restart changes it; 0 from a worker before it was
-        reported), ``last_error`` (the last closure error, ``Type: message``, or '')."""
+        reported), ``last_error`` (the last closure error, ``Type: message``, or ''),
+        ``slice_index``, ``slice_rank``, ``slice_size`` (``None`` for a worker that is not
+        a host of a multi-host slice)."""
 
     def list_devices(self, timeout: float | None = None) -> list[dict[str, str]]:
         """``[{"name": "/job:worker/replica:0/task:0/device:CPU:0", "device_type": "CPU"}]``."""
@@ -661,8 +668,13 @@ class Dispatcher:
         heartbeat_timeout: float | None = None,
         max_closure_retries: int | None = None,
         connect_timeout: float | None = None,
+        slice_sizes: Sequence[int] = ...,
     ) -> Self:
-        """``heartbeat_timeout``, ``max_closure_retries`` and ``connect_timeout``: ``None``
+        """``slice_sizes`` (one per address, default all 1): how many hosts the slice whose
+        rank 0 each address is must have; a worker reporting another slice size, or a rank
+        other than 0, is not used (its link keeps retrying and says why, until the
+        recovery bound). ``heartbeat_timeout``, ``max_closure_retries`` and
+        ``connect_timeout``: ``None``
         keeps the environment's value (``JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC``,
         ``JAXCLUSTER_MAX_CLOSURE_RETRIES``, ``JAXCLUSTER_CONNECT_TIMEOUT_SEC``) or the
         default (5 s, 3, 60 s); ``float('inf')`` (a negative count) means no bound.

@@ -120,6 +120,10 @@ pub struct DispatcherConfig {
     /// fails with `UNAVAILABLE` naming every worker and its last error; `None`: wait for
     /// the recovery bound (TF's behaviour).
     pub connect_timeout: Option<Duration>,
+    /// Hosts per slice of worker `i` (by index; 1 past the end and for added workers): a
+    /// worker whose `GetStatus` reports another slice size, or a rank other than 0, is not
+    /// used (see `slices.rs`).
+    pub slice_sizes: Vec<u32>,
 }
 
 impl Default for DispatcherConfig {
@@ -137,11 +141,18 @@ impl Default for DispatcherConfig {
             heartbeat_timeout: Some(DEFAULT_HEARTBEAT_TIMEOUT),
             max_closure_retries: Some(DEFAULT_MAX_CLOSURE_RETRIES),
             connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+            slice_sizes: Vec::new(),
         }
     }
 }
 
 impl DispatcherConfig {
+    /// How many hosts worker `index`'s slice must have (1: a worker of its own).
+    #[must_use]
+    pub fn slice_size(&self, index: usize) -> u32 {
+        self.slice_sizes.get(index).copied().unwrap_or(1)
+    }
+
     /// The defaults, with the environment variables applied: `JAXCLUSTER_WORKER_RECOVERY_SEC`,
     /// the staggered-start pair (`TF_COORDINATOR_SCHEDULE_START_DELAY(_MAX)`) and
     /// `TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`, each `TF_` name with a

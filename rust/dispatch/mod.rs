@@ -130,6 +130,7 @@ pub mod metrics;
 mod ps_failures;
 pub mod resources;
 pub mod result_cell;
+mod slices;
 mod status;
 pub mod transport;
 

@@ -69,6 +69,9 @@ pub(crate) fn status_dict<'py>(
     d.set_item("connections_dropped", s.connections_dropped)?;
     d.set_item("incarnation", s.incarnation)?;
     d.set_item("last_error", &s.last_error)?;
+    d.set_item("slice_index", s.slice.map(|m| m.index))?;
+    d.set_item("slice_rank", s.slice.map(|m| m.rank))?;
+    d.set_item("slice_size", s.slice.map(|m| m.size))?;
     Ok(d)
 }
 

@@ -52,7 +52,7 @@ impl PyDispatcher {
         addresses, *, auth_token = None, max_queue_size = 262_144,
         error_policy = "cancel_all", closure_timeout = None, recovery_timeout = None,
         max_message_bytes = 67_108_864, tls_ca = None, heartbeat_timeout = None,
-        max_closure_retries = None, connect_timeout = None
+        max_closure_retries = None, connect_timeout = None, slice_sizes = Vec::new()
     ))]
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
@@ -69,8 +69,17 @@ impl PyDispatcher {
         heartbeat_timeout: Option<f64>,
         max_closure_retries: Option<i64>,
         connect_timeout: Option<f64>,
+        slice_sizes: Vec<u32>,
     ) -> PyResult<Self> {
         let tls = crate::rpc::tls::client_tls(tls_ca, None).map_err(PyValueError::new_err)?;
+        if !slice_sizes.is_empty() && slice_sizes.len() != addresses.len() {
+            return Err(PyValueError::new_err(format!(
+                "slice_sizes has {} entries for {} addresses; expected one per address (or \
+                 none)",
+                slice_sizes.len(),
+                addresses.len()
+            )));
+        }
         let mut config = DispatcherConfig::from_env().map_err(|e| dispatch_error(py, e))?;
         // <= 0 means unbounded, as for TF's queue.Queue(maxsize).
         config.max_queue_size = usize::try_from(max_queue_size).unwrap_or(0);
@@ -97,6 +106,7 @@ impl PyDispatcher {
         if let Some(retries) = max_closure_retries {
             config.max_closure_retries = u32::try_from(retries).ok();
         }
+        config.slice_sizes = slice_sizes;
         let mut client = ClientConfig::new(String::new());
         client.auth_token = auth_token.map(str::to_owned);
         client.max_message_bytes = max_message_bytes;

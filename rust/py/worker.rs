@@ -46,7 +46,8 @@ impl PyWorkerServer {
                         max_streams_per_connection=DEFAULT_MAX_STREAMS_PER_CONNECTION,
                         handshake_timeout=5.0,
                         max_function_bytes=DEFAULT_MAX_FUNCTION_BYTES,
-                        previous_exit=String::new()))]
+                        previous_exit=String::new(),
+                        slice_index=None, slice_rank=None, slice_size=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -65,7 +66,11 @@ impl PyWorkerServer {
         handshake_timeout: f64,
         max_function_bytes: usize,
         previous_exit: String,
+        slice_index: Option<u32>,
+        slice_rank: Option<u32>,
+        slice_size: Option<u32>,
     ) -> PyResult<Self> {
+        let slice = slice_membership(slice_index, slice_rank, slice_size)?;
         let tls = crate::rpc::tls::server_tls(tls_cert, tls_key).map_err(PyValueError::new_err)?;
         let limits = server_limits(
             max_connections,
@@ -76,6 +81,7 @@ impl PyWorkerServer {
             limits,
             max_function_bytes,
             previous_exit,
+            slice,
             tls,
             address: address.to_owned(),
             auth_token,
@@ -418,5 +424,26 @@ impl PyWorkerJob {
             self.kind(),
             self.replied()
         )
+    }
+}
+
+/// The slice a worker server reports: all three of index, rank and size, or none.
+fn slice_membership(
+    index: Option<u32>,
+    rank: Option<u32>,
+    size: Option<u32>,
+) -> PyResult<Option<pb::SliceMembership>> {
+    match (index, rank, size) {
+        (None, None, None) => Ok(None),
+        (Some(index), Some(rank), Some(size)) if size >= 1 && rank < size => {
+            Ok(Some(pb::SliceMembership { index, rank, size }))
+        }
+        (Some(_), Some(rank), Some(size)) => Err(PyValueError::new_err(format!(
+            "slice_rank={rank} and slice_size={size}; expected a size of at least 1 and a \
+             rank below it"
+        ))),
+        _ => Err(PyValueError::new_err(
+            "slice_index, slice_rank and slice_size go together: give all three or none",
+        )),
     }
 }

@@ -84,6 +84,8 @@ pub struct WorkerConfig {
     /// How the previous worker process on this address ended (reported by `GetStatus`);
     /// empty when unknown.
     pub previous_exit: String,
+    /// The slice this worker is a host of, reported by `GetStatus`; `None` on its own.
+    pub slice: Option<pb::SliceMembership>,
 }
 
 impl Default for WorkerConfig {
@@ -101,6 +103,7 @@ impl Default for WorkerConfig {
             limits: ServerLimits::default(),
             max_function_bytes: store::DEFAULT_MAX_FUNCTION_BYTES,
             previous_exit: String::new(),
+            slice: None,
         }
     }
 }
@@ -180,6 +183,7 @@ impl WorkerServer {
             previous_exit: config.previous_exit,
             connections: Arc::clone(&connections),
             incarnation: crate::rpc::new_incarnation(),
+            slice: config.slice,
         });
         let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&state)))
             .max_decoding_message_size(limit)

@@ -48,6 +48,8 @@ pub struct WorkerState {
     pub connections: Arc<ConnectionStats>,
     /// Random per server; a restart changes it (see `GetStatusResponse.incarnation`).
     pub incarnation: u64,
+    /// The slice this worker is a host of, if any (see `GetStatusResponse.slice`).
+    pub slice: Option<pb::SliceMembership>,
 }
 
 impl WorkerState {
@@ -87,6 +89,7 @@ impl WorkerState {
             device_kind: self.device_kind.clone(),
             closure_bytes_received: load(&self.stats.bytes_received),
             closure_bytes_sent: load(&self.stats.bytes_sent),
+            slice: self.slice,
         }
     }
 

@@ -153,7 +153,8 @@ def resolve_target(tpu: object) -> TpuTarget:
         if len(tpu) != 1:
             raise NotImplementedError(
                 f"tpu lists {len(tpu)} TPUs ({list(tpu)!r}); one resolver handles one TPU. "
-                "Use a UnionClusterResolver over one TPUClusterResolver per TPU."
+                "Use a UnionClusterResolver over one TPUClusterResolver per TPU (each TPU is "
+                "then one slice for ClusterCoordinator)."
             )
         tpu = tpu[0]
     if tpu is not None:

@@ -250,6 +250,16 @@ class TPUClusterResolver(ClusterResolver):
             spec[self._coordinator_name] = [self._coordinator_address]
         return ClusterSpec(spec)
 
+    def slices(self) -> list[list[str]]:
+        """The TPU's hosts as one multi-host slice (a TPU node is one ``jax.distributed``
+        group), for ``ClusterCoordinator``, which schedules a closure onto all of a slice's
+        hosts at once; empty when the cluster spec is. Several TPUs are several slices:
+        ``UnionClusterResolver(TPUClusterResolver("a"), TPUClusterResolver("b"))``."""
+        if self._job() != "worker":
+            return []
+        workers = self._resolve().workers
+        return [workers] if workers else []
+
     @property
     def task_id(self) -> int | None:
         """This host's task index: as set, else ``agent-worker-number`` for ``tpu='local'`` on

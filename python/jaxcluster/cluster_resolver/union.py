@@ -85,6 +85,25 @@ class UnionClusterResolver(ClusterResolver):
         """The merged cluster spec, re-resolved from every resolver on each call."""
         return _merge_specs([r.cluster_spec() for r in self._cluster_resolvers])
 
+    def slices(self) -> list[list[str]] | None:
+        """Every resolver's slices in argument order, when each resolver that has workers
+        knows its slices (several ``TPUClusterResolver`` s: one slice per TPU); else
+        ``None``, and the coordinator groups the workers by ``hosts_per_slice``."""
+        grouped: list[list[str]] = []
+        for resolver in self._cluster_resolvers:
+            known = getattr(resolver, "slices", None)
+            spec = resolver.cluster_spec()
+            has_workers = "worker" in spec.jobs and bool(list(spec.job_tasks("worker")))
+            if not callable(known):
+                if has_workers:
+                    return None
+                continue
+            mine = known()
+            if has_workers and not mine:
+                return None
+            grouped.extend(mine or [])
+        return grouped or None
+
     def master(
         self,
         task_type: str | None = None,

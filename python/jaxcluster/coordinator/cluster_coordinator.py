@@ -176,6 +176,8 @@ class ClusterCoordinator:
             closure_timeout=None if closure_timeout is None else float(closure_timeout),
             **bounds,
             recovery_timeout=None if recovery_timeout is None else float(recovery_timeout),
+            # Each link checks its worker is rank 0 of a slice this size (1: no slice).
+            slice_sizes=[len(group) for group in self._slices],
         )
         self._membership = Membership(self._dispatcher, addresses, token, ca)
         self._worker_facts = WorkerFacts(self._dispatcher)

@@ -57,7 +57,6 @@ class Executor:
         *,
         sliced: bool = False,
         fanout: Any = None,
-        peer_refusal: str = "",
         slice_check: Callable[[], str | None] | None = None,
     ) -> None:
         self._server = server
@@ -66,7 +65,6 @@ class Executor:
         self._fanout = fanout
         # A peer (rank > 0) of a slice: its values stay on the host, rank 0 sends its own.
         self._peer = sliced and fanout is None
-        self._peer_refusal = peer_refusal
         self._slice_check = slice_check
         self._functions = FunctionCache()
         self._resources = ResourceRegistry(worker_index)
@@ -87,11 +85,7 @@ class Executor:
     def handle(self, job: Any) -> None:
         """Runs one job and answers it; a failure of the executor itself answers INTERNAL."""
         try:
-            if self._peer and job.worker_index is not None:
-                # From a coordinator, not from this slice's rank 0: running it here alone
-                # would leave its collectives waiting for hosts that never join.
-                job.reply_status("FAILED_PRECONDITION", self._peer_refusal)
-            elif job.kind == "run":
+            if job.kind == "run":
                 self._run(job)
             elif job.kind == "create_resource":
                 self._create(job)

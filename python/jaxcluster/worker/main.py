@@ -142,6 +142,13 @@ def _slice_config(args: argparse.Namespace, index: int) -> Any:
         raise TaskSetupError(str(exc)) from None
 
 
+def _slice_status(config: Any) -> dict[str, int]:
+    """What ``GetStatus`` reports about this host's slice (nothing outside one)."""
+    if config is None:
+        return {}
+    return {"slice_index": config.index, "slice_rank": config.rank, "slice_size": config.size}
+
+
 def _slice_leader_host(args: argparse.Namespace, leader_task: int) -> str:
     from jaxcluster.cluster_resolver import resolve
 
@@ -199,6 +206,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_message_bytes=args.max_message_bytes,
             max_function_bytes=args.max_function_bytes,
             previous_exit=describe_exit(os.environ.get(PREVIOUS_EXIT_ENV)),
+            **_slice_status(config),
             **limit_settings(args),
             **info,
         )
@@ -225,14 +233,13 @@ def _serve(args: argparse.Namespace) -> int:
         if slice_parts is None:
             Executor(server, index).serve()
         else:
-            fanout, slice_watch, refusal = slice_parts
+            fanout, slice_watch = slice_parts
             # In a slice the closures' worker index is the slice's (one per slice).
             Executor(
                 server,
                 config.index,
                 sliced=True,
                 fanout=fanout,
-                peer_refusal=refusal,
                 slice_check=slice_watch.check,
             ).serve()
         drained = server.shutdown(timeout=30.0)
@@ -255,10 +262,10 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _form_slice(config: Any, server: Any, token: str | None) -> tuple[Any, Any, str]:
+def _form_slice(config: Any, server: Any, token: str | None) -> tuple[Any, Any]:
     """Exchanges addresses with the slice's other hosts and starts watching them: rank 0
     watches every peer and forwards jobs to them (its ``Fanout``), a peer watches rank 0.
-    Returns ``(fanout or None, watch, what a peer answers a coordinator)``."""
+    Returns ``(fanout or None, watch)``."""
     from jaxcluster.worker.fanout import Fanout
     from jaxcluster.worker.slice import SliceWatch, exchange
 
@@ -277,13 +284,7 @@ def _form_slice(config: Any, server: Any, token: str | None) -> tuple[Any, Any, 
         config.index,
         ", ".join(f"rank {h.rank} {h.address}" for h in hosts),
     )
-    refusal = (
-        f"this worker is rank {config.rank} of slice {config.index} "
-        f"({', '.join(h.address for h in hosts)}): closures go to its rank 0 "
-        f"({hosts[0].address}), which runs them on every host. Give the coordinator "
-        f"hosts_per_slice={config.size} (or slices=) to match the workers' --slice-size"
-    )
-    return fanout, watch, refusal
+    return fanout, watch
 
 
 def main(argv: Sequence[str] | None = None) -> int:

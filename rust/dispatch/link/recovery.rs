@@ -121,8 +121,15 @@ impl<T: WorkerTransport> Link<T> {
                     ))
                 }
                 Ok(status) => {
-                    restarted = self.observe(status);
-                    self.reconnected().await
+                    let expected = self.shared.config.slice_size(self.index);
+                    if let Some(reason) =
+                        crate::dispatch::slices::mismatch(&status, expected, self.address())
+                    {
+                        Err(Interruption::WorkerFailed(reason))
+                    } else {
+                        restarted = self.observe(status);
+                        self.reconnected().await
+                    }
                 }
                 Err(error) if reachable(&error) => self.reconnected().await,
                 Err(error) => Err(Interruption::WorkerFailed(error.message().to_owned())),

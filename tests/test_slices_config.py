@@ -1,0 +1,187 @@
+"""Slice configuration without processes: grouping worker tasks into slices, the worker's
+slice flags (given or derived from a resolver), and what LocalCluster accepts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from jaxcluster import LocalCluster
+from jaxcluster._task_process import TaskSetupError
+from jaxcluster.coordinator import ClusterCoordinator
+from jaxcluster.coordinator.slices import group_slices, slices_argument
+from jaxcluster.worker import main as worker_main
+from jaxcluster.worker.slice import SliceConfig, SliceHost, gather_output
+from jaxcluster.worker.supervisor import _with_address
+
+HOSTS = [f"10.0.0.{i}:8470" for i in range(6)]
+
+
+def test_consecutive_tasks_form_a_slice() -> None:
+    assert group_slices(HOSTS, 2) == [HOSTS[0:2], HOSTS[2:4], HOSTS[4:6]]
+    assert group_slices(HOSTS, 3) == [HOSTS[0:3], HOSTS[3:6]]
+    assert group_slices(HOSTS) == [[h] for h in HOSTS]  # the plain coordinator
+
+
+def test_a_resolver_that_knows_its_slices_is_asked() -> None:
+    class Resolver:
+        def slices(self) -> list[list[str]]:
+            return [HOSTS[:4], HOSTS[4:]]
+
+    assert group_slices(HOSTS, resolver=Resolver()) == [HOSTS[:4], HOSTS[4:]]
+    assert group_slices(HOSTS, 3, resolver=Resolver()) == [HOSTS[:3], HOSTS[3:]]  # K wins
+
+
+def test_a_task_count_that_does_not_divide_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"6 worker tasks, not a multiple of hosts_per_slice=4"):
+        group_slices(HOSTS, 4)
+    with pytest.raises(ValueError, match="at least 1"):
+        group_slices(HOSTS, 0)
+    with pytest.raises(TypeError, match="expected an int"):
+        group_slices(HOSTS, 2.0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("slices", "message"),
+    [
+        ([], "non-empty list of slices"),
+        ("h:1", "non-empty list of slices"),
+        ([[]], r"slices\[0\]=\[\]"),
+        ([["h:1"], "h:2"], r"slices\[1\]='h:2'"),
+        ([["h:1", "nohost"]], "holds 'nohost'"),
+        ([["h:1"], ["h:1"]], "h:1 appears in more than one place"),
+    ],
+)
+def test_bad_explicit_slices_are_refused(slices: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        slices_argument(slices)
+
+
+def test_coordinator_refuses_what_slices_cannot_do() -> None:
+    with pytest.raises(ValueError, match="not a multiple of hosts_per_slice=4"):
+        ClusterCoordinator(
+            slices=None, strategy=None, cluster_resolver=_resolver(HOSTS), hosts_per_slice=4
+        )
+    with pytest.raises(ValueError, match="refresh_interval is not supported with multi-host"):
+        ClusterCoordinator(_resolver(HOSTS), hosts_per_slice=2, refresh_interval=5.0)
+    with pytest.raises(ValueError, match=r"slices of \[2\] hosts but hosts_per_slice=3"):
+        ClusterCoordinator(slices=[HOSTS[:2], HOSTS[2:4]], hosts_per_slice=3)
+
+
+def test_a_sliced_coordinator_talks_to_rank_zero_and_refuses_elastic_changes() -> None:
+    with ClusterCoordinator(_resolver(HOSTS), hosts_per_slice=3, connect_timeout=1.0) as c:
+        assert c.slices == [HOSTS[:3], HOSTS[3:]]
+        assert [w["address"] for w in c.workers] == [HOSTS[0], HOSTS[3]]
+        with pytest.raises(ValueError, match="add_workers is not supported with multi-host"):
+            c.add_workers(["10.0.0.9:8470"])
+        with pytest.raises(ValueError, match="remove_workers is not supported with multi-host"):
+            c.remove_workers([0])
+
+
+def _resolver(hosts: list[str]) -> object:
+    from jaxcluster.cluster_resolver import SimpleClusterResolver
+    from jaxcluster.cluster_spec import ClusterSpec
+
+    return SimpleClusterResolver(ClusterSpec({"worker": hosts}))
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    worker_main.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_slice_flags_default_from_the_task_index() -> None:
+    config = worker_main._slice_config(
+        _args("--slice-size", "2", "--slice-coordinator", "10.0.0.2:8476"), 3
+    )
+    assert config == SliceConfig(index=1, rank=1, size=2, coordinator="10.0.0.2:8476")
+    assert worker_main._slice_config(_args(), 3) is None
+    assert worker_main._slice_config(_args("--slice-size", "1"), 3) is None
+
+
+def test_slice_flags_from_a_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = {"cluster": {"worker": HOSTS[:4]}, "task": {"type": "worker", "index": 3}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(spec))
+    args = _args("--from-resolver", "tf_config", "--slice-size", "2")
+    config = worker_main._slice_config(args, 3)
+    # Slice 1 is tasks 2 and 3: its coordinator is task 2's host on JAX's usual port.
+    assert config == SliceConfig(index=1, rank=1, size=2, coordinator="10.0.0.2:8476")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--slice-size", "2"), "needs --slice-coordinator HOST:PORT"),
+        (("--slice-index", "1"), "need --slice-size K"),
+        (("--slice-size", "2", "--slice-rank", "2", "--slice-coordinator", "h:1"), "rank 2"),
+        (("--slice-size", "2", "--slice-coordinator", "nohostport"), "expected HOST:PORT"),
+        (("--slice-size", "0"), "expected at least 1"),
+    ],
+)
+def test_bad_slice_flags_say_what_is_wrong(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(TaskSetupError, match=message):
+        worker_main._slice_config(_args(*argv), 0)
+
+
+def test_a_restarted_host_keeps_its_address() -> None:
+    assert _with_address(["--index", "1", "--address", "127.0.0.1:0", "--x"], "127.0.0.1:5") == [
+        "--index",
+        "1",
+        "--x",
+        "--address",
+        "127.0.0.1:5",
+    ]
+    assert _with_address(["--address=h:0"], "h:7") == ["--address", "h:7"]
+
+
+def test_a_host_describes_itself_for_mismatch_errors() -> None:
+    host = SliceHost(rank=1, index=0, size=2, address="h:1", incarnation=5, hostname="n1", pid=9)
+    assert host.describe() == "rank 1 at h:1 (n1, pid 9) says slice 0 of 2 hosts"
+
+
+def test_outputs_that_are_local_pass_unchanged() -> None:
+    import jax.numpy as jnp
+    import numpy as np
+
+    tree = {"a": jnp.arange(3), "b": np.ones(2), "c": "text"}
+    out = gather_output(tree)
+    assert out["c"] == "text" and out["b"] is tree["b"] and out["a"] is tree["a"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_workers": 3, "hosts_per_slice": 2}, "not a multiple of hosts_per_slice=2"),
+        ({"num_workers": 2, "hosts_per_slice": 0}, "hosts_per_slice=0"),
+        ({"num_workers": 2, "devices_per_host": 0}, "devices_per_host=0"),
+    ],
+)
+def test_local_cluster_refuses_impossible_slices(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LocalCluster(**kwargs)  # type: ignore[arg-type]
+
+
+def test_each_tpu_is_one_slice_and_a_union_of_tpus_is_several() -> None:
+    from jaxcluster.cluster_resolver import (
+        SimpleClusterResolver,
+        TPUClusterResolver,
+        UnionClusterResolver,
+    )
+    from jaxcluster.cluster_spec import ClusterSpec
+
+    a = TPUClusterResolver("grpc://10.0.0.1,10.0.0.2")
+    b = TPUClusterResolver("grpc://10.0.1.1,10.0.1.2")
+    assert a.slices() == [["10.0.0.1:8470", "10.0.0.2:8470"]]
+    union = UnionClusterResolver(a, b)
+    assert union.slices() == [a.slices()[0], b.slices()[0]]
+    with ClusterCoordinator(union, connect_timeout=1.0) as coordinator:  # no K given
+        assert coordinator.slices == union.slices()
+        assert [w["address"] for w in coordinator.workers] == ["10.0.0.1:8470", "10.0.1.1:8470"]
+    # A member that does not know its slices leaves the grouping to hosts_per_slice.
+    plain = SimpleClusterResolver(ClusterSpec({"worker": ["10.0.2.1:8470"]}))
+    assert UnionClusterResolver(a, plain).slices() is None
+    ps_only = SimpleClusterResolver(ClusterSpec({"ps": ["10.0.3.1:8470"]}))
+    assert UnionClusterResolver(a, ps_only).slices() == a.slices()
