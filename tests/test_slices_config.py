@@ -13,6 +13,7 @@ from jaxcluster._task_process import TaskSetupError
 from jaxcluster.coordinator import ClusterCoordinator
 from jaxcluster.coordinator.slices import group_slices, slices_argument
 from jaxcluster.worker import main as worker_main
+from jaxcluster.worker import slice_flags
 from jaxcluster.worker.slice import SliceConfig, SliceHost, gather_output
 from jaxcluster.worker.supervisor import _with_address
 
@@ -94,19 +95,19 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_slice_flags_default_from_the_task_index() -> None:
-    config = worker_main._slice_config(
+    config = slice_flags.slice_config(
         _args("--slice-size", "2", "--slice-coordinator", "10.0.0.2:8476"), 3
     )
     assert config == SliceConfig(index=1, rank=1, size=2, coordinator="10.0.0.2:8476")
-    assert worker_main._slice_config(_args(), 3) is None
-    assert worker_main._slice_config(_args("--slice-size", "1"), 3) is None
+    assert slice_flags.slice_config(_args(), 3) is None
+    assert slice_flags.slice_config(_args("--slice-size", "1"), 3) is None
 
 
 def test_slice_flags_from_a_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = {"cluster": {"worker": HOSTS[:4]}, "task": {"type": "worker", "index": 3}}
     monkeypatch.setenv("TF_CONFIG", json.dumps(spec))
     args = _args("--from-resolver", "tf_config", "--slice-size", "2")
-    config = worker_main._slice_config(args, 3)
+    config = slice_flags.slice_config(args, 3)
     # Slice 1 is tasks 2 and 3: its coordinator is task 2's host on JAX's usual port.
     assert config == SliceConfig(index=1, rank=1, size=2, coordinator="10.0.0.2:8476")
 
@@ -123,7 +124,7 @@ def test_slice_flags_from_a_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
 )
 def test_bad_slice_flags_say_what_is_wrong(argv: tuple[str, ...], message: str) -> None:
     with pytest.raises(TaskSetupError, match=message):
-        worker_main._slice_config(_args(*argv), 0)
+        slice_flags.slice_config(_args(*argv), 0)
 
 
 def test_a_restarted_host_keeps_its_address() -> None:
@@ -185,3 +186,29 @@ def test_each_tpu_is_one_slice_and_a_union_of_tpus_is_several() -> None:
     assert UnionClusterResolver(a, plain).slices() is None
     ps_only = SimpleClusterResolver(ClusterSpec({"ps": ["10.0.3.1:8470"]}))
     assert UnionClusterResolver(a, ps_only).slices() == a.slices()
+
+
+def test_a_resolver_that_knows_its_slices_places_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    import jaxcluster.cluster_resolver as cluster_resolver
+
+    class TpuLike:
+        def __init__(self, groups: list[list[str]]) -> None:
+            self.groups = groups
+
+        def slices(self) -> list[list[str]]:
+            return self.groups
+
+    two = TpuLike([HOSTS[:2], HOSTS[2:4]])
+    monkeypatch.setattr(cluster_resolver, "resolve", lambda environment: two)
+    args = _args("--from-resolver", "gce_tpu_vm")
+    config = slice_flags.slice_config(args, 3)
+    assert config == SliceConfig(index=1, rank=1, size=2, coordinator="10.0.0.2:8476")
+    # The supervisor hands its child the answer as flags: the same config, no resolving.
+    assert config is not None
+    again = slice_flags.slice_config(_args(*slice_flags.explicit_flags(config)), 0)
+    assert again == config
+    singles = TpuLike([[h] for h in HOSTS])
+    monkeypatch.setattr(cluster_resolver, "resolve", lambda environment: singles)
+    assert slice_flags.slice_config(args, 3) is None  # one host per slice: a plain worker
+    assert slice_flags.slice_status(None) == {}
+    assert slice_flags.slice_status(config) == {"slice_index": 1, "slice_rank": 1, "slice_size": 2}

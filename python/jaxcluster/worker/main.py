@@ -30,11 +30,15 @@ from jaxcluster._task_process import (
 )
 from jaxcluster.errors import DeadlineExceededError
 from jaxcluster.worker.slice import SliceMismatchError
+from jaxcluster.worker.slice_flags import (
+    add_slice_arguments,
+    explicit_flags,
+    slice_config,
+    slice_status,
+)
 
 __all__ = ["WorkerSetupError", "add_arguments", "main", "run"]
 
-# The slice flags and how each is derived when not given (see `_slice_config`).
-_DEFAULT_SLICE_PORT = 8476
 
 _log = logging.getLogger("jaxcluster.worker")
 
@@ -53,46 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="bytes of registered function payloads kept (default 1 GiB); the least "
         "recently used is evicted first and registered again by its coordinator when needed",
     )
-    group = parser.add_argument_group(
-        "multi-host slices",
-        "K hosts that form one jax.distributed group and run every closure SPMD; the "
-        "coordinator (ClusterCoordinator(hosts_per_slice=K)) talks to rank 0",
-    )
-    group.add_argument("--slice-size", type=int, default=None, help="hosts per slice (K)")
-    group.add_argument(
-        "--slice-index", type=int, default=None, help="this host's slice (default --index // K)"
-    )
-    group.add_argument(
-        "--slice-rank", type=int, default=None, help="rank in the slice (default --index %% K)"
-    )
-    group.add_argument(
-        "--slice-coordinator",
-        default=None,
-        metavar="HOST:PORT",
-        help="the slice's jax.distributed coordinator, served by its rank 0 (default: the "
-        f"host of the slice's first worker task, port {_DEFAULT_SLICE_PORT}, from "
-        "--from-resolver)",
-    )
-    group.add_argument(
-        "--slice-heartbeat-timeout",
-        type=float,
-        default=10.0,
-        help="seconds a host of the slice may go unanswered before the slice is failed "
-        "and its hosts restart (default 10)",
-    )
-    group.add_argument(
-        "--slice-init-timeout",
-        type=float,
-        default=300.0,
-        help="seconds to wait for every host of the slice to join (default 300)",
-    )
-    group.add_argument(
-        "--no-restart",
-        action="store_true",
-        help="exit when the slice breaks instead of starting again (for an orchestrator "
-        "that restarts the process itself)",
-    )
-    group.add_argument("--supervised", action="store_true", help=argparse.SUPPRESS)
+    add_slice_arguments(parser)
 
 
 def _install_signal_handlers(server: Any) -> None:
@@ -105,73 +70,30 @@ def _install_signal_handlers(server: Any) -> None:
     signal.signal(signal.SIGINT, drain)
 
 
-def _slice_config(args: argparse.Namespace, index: int) -> Any:
-    """This host's :class:`SliceConfig`, or ``None`` outside a slice (``--slice-size`` 1
-    or absent)."""
-    from jaxcluster.worker.slice import SliceConfig
-
-    size = args.slice_size
-    if size is None or size == 1:
-        if any(v is not None for v in (args.slice_index, args.slice_rank, args.slice_coordinator)):
-            raise TaskSetupError(
-                "--slice-index/--slice-rank/--slice-coordinator need --slice-size K"
-            )
-        return None
-    if size < 1:
-        raise TaskSetupError(f"--slice-size {size}; expected at least 1")
-    slice_index = index // size if args.slice_index is None else args.slice_index
-    rank = index % size if args.slice_rank is None else args.slice_rank
-    coordinator = args.slice_coordinator
-    if coordinator is None:
-        if args.from_resolver is None:
-            raise TaskSetupError(
-                "--slice-size needs --slice-coordinator HOST:PORT (the slice's rank-0 host) "
-                "or --from-resolver to derive it"
-            )
-        coordinator = _slice_leader_host(args, slice_index * size)
-    try:
-        return SliceConfig(
-            index=slice_index,
-            rank=rank,
-            size=size,
-            coordinator=coordinator,
-            init_timeout=args.slice_init_timeout,
-            heartbeat_timeout=args.slice_heartbeat_timeout,
-        )
-    except ValueError as exc:
-        raise TaskSetupError(str(exc)) from None
-
-
-def _slice_status(config: Any) -> dict[str, int]:
-    """What ``GetStatus`` reports about this host's slice (nothing outside one)."""
-    if config is None:
-        return {}
-    return {"slice_index": config.index, "slice_rank": config.rank, "slice_size": config.size}
-
-
-def _slice_leader_host(args: argparse.Namespace, leader_task: int) -> str:
-    from jaxcluster.cluster_resolver import resolve
-
-    spec = resolve(environment=args.from_resolver).cluster_spec()
-    try:
-        address = spec.task_address("worker", leader_task)
-    except (KeyError, ValueError, IndexError) as exc:
-        raise TaskSetupError(
-            f"--from-resolver {args.from_resolver!r} has no worker task {leader_task} to "
-            f"lead this slice: {exc}"
-        ) from None
-    host = address.rpartition(":")[0]
-    return f"{host}:{_DEFAULT_SLICE_PORT}"
-
-
 def run(args: argparse.Namespace) -> int:
-    """Runs a worker with parsed ``args`` until it is shut down; returns the exit status."""
-    if (args.slice_size or 1) > 1 and not args.supervised and not args.no_restart:
-        raw = getattr(args, "raw_argv", None)
-        if raw is not None:
+    """Runs a worker with parsed ``args`` until it is shut down; returns the exit status.
+    A host of a multi-host slice runs as the supervisor of its serving process (see
+    :mod:`jaxcluster.worker.supervisor`) unless ``--no-restart``."""
+    raw = getattr(args, "raw_argv", None)
+    if raw is None or args.supervised or args.no_restart:
+        return _serve(args)
+    if (args.slice_size or 1) > 1:
+        from jaxcluster.worker.supervisor import supervise
+
+        return supervise(raw, dict(os.environ))
+    if args.slice_size is None and args.from_resolver is not None:
+        # Whether this host is part of a slice depends on what the resolver says: ask
+        # once, here, and give the supervised process the answer as flags.
+        try:
+            _, _, index = task_settings(args, job="worker", prog="jaxcluster worker")
+            config = slice_config(args, index)
+        except (TaskSetupError, ValueError, OSError) as exc:
+            print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
+            return 2
+        if config is not None:
             from jaxcluster.worker.supervisor import supervise
 
-            return supervise(raw, dict(os.environ))
+            return supervise([*raw, *explicit_flags(config)], dict(os.environ))
     return _serve(args)
 
 
@@ -191,7 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
         # Closures reach parameter servers with the token this worker was started with.
         context.set_worker_auth_token(token)
         tls_cert, tls_key = tls_files(args)
-        config = _slice_config(args, index)
+        config = slice_config(args, index)
         if config is not None:
             from jaxcluster.worker.slice import join
 
@@ -206,7 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
             max_message_bytes=args.max_message_bytes,
             max_function_bytes=args.max_function_bytes,
             previous_exit=describe_exit(os.environ.get(PREVIOUS_EXIT_ENV)),
-            **_slice_status(config),
+            **slice_status(config),
             **limit_settings(args),
             **info,
         )
