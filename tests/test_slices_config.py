@@ -4,6 +4,7 @@ slice flags (given or derived from a resolver), and what LocalCluster accepts.""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 
 import pytest
@@ -212,3 +213,56 @@ def test_a_resolver_that_knows_its_slices_places_the_host(monkeypatch: pytest.Mo
     assert slice_flags.slice_config(args, 3) is None  # one host per slice: a plain worker
     assert slice_flags.slice_status(None) == {}
     assert slice_flags.slice_status(config) == {"slice_index": 1, "slice_rank": 1, "slice_size": 2}
+
+
+def test_a_supervised_host_dies_with_its_supervisor(tmp_path: object) -> None:
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from support.closures import wait_until
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # Rank 0 of a slice whose other host never comes: its process waits to join.
+    supervisor = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "jaxcluster.worker",
+            "--slice-size",
+            "2",
+            "--slice-index",
+            "0",
+            "--slice-rank",
+            "0",
+            "--slice-coordinator",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    children = Path(f"/proc/{supervisor.pid}/task/{supervisor.pid}/children")
+    try:
+        child = int(wait_until(lambda: children.read_text().split(), "the serving child")[0])
+        assert Path(f"/proc/{child}").exists()
+    finally:
+        supervisor.kill()
+        supervisor.wait()
+
+    def gone() -> bool:
+        try:
+            return Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"  # reaped by init
+        except FileNotFoundError:
+            return True
+
+    try:
+        wait_until(gone, "the child to die with its supervisor", timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)  # if it outlived its supervisor: no leak

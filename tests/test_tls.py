@@ -27,7 +27,7 @@ from jaxcluster.cluster_resolver import SimpleClusterResolver
 from jaxcluster.coordinator import ClusterCoordinator
 from jaxcluster.errors import UnavailableError
 from jaxcluster.strategy import ParameterServerStrategy, ParameterServerVariable
-from support.workers import WorkerProc, running_worker
+from support.workers import WorkerProc, launch, running_worker
 
 # Closures defined here travel by value: workers cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -321,3 +321,55 @@ def test_a_key_that_does_not_match_the_certificate_is_refused(pki: Pki, tmp_path
     assert done.returncode == 2, done.stderr
     assert "does the key belong to the certificate?" in done.stderr, done.stderr
     assert str(stranger) in done.stderr, done.stderr
+
+
+def _slice_probe() -> tuple[int, int]:
+    import jax
+
+    return jax.process_count(), jax.device_count()
+
+
+def test_a_slice_of_tls_hosts_forwards_over_tls(pki: Pki) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    common = ["--tls-cert", str(pki.cert), "--tls-key", str(pki.key), "--no-restart"]
+    common += ["--slice-size", "2", "--slice-coordinator", f"127.0.0.1:{port}"]
+    env = {"JAXCLUSTER_TLS_CA": str(pki.ca), "JAX_PLATFORMS": "cpu"}
+    # Both hosts start before either listens: a slice host serves once its slice formed.
+    hosts = [launch([*common, "--index", str(i)], token=TOKEN, env=env) for i in range(2)]
+    try:
+        for host in hosts:
+            host.wait_listening()
+        leader, peer = hosts
+        with ClusterCoordinator(
+            slices=[[leader.address, peer.address]], auth_token=TOKEN, tls_ca=str(pki.ca)
+        ) as coordinator:
+            assert coordinator.schedule(_slice_probe).fetch() == (2, 2)
+        client = core.WorkerClient(peer.address, TOKEN, tls_ca=pki.ca.read_bytes())
+        assert client.get_status()["closures_run"] >= 1  # rank 0 forwarded it over TLS
+    finally:
+        for host in hosts:
+            host.finish(kill=True)
+
+
+def test_a_tls_slice_host_without_a_ca_for_its_peers_is_refused(pki: Pki) -> None:
+    args = ["--tls-cert", str(pki.cert), "--tls-key", str(pki.key), "--no-restart"]
+    args += ["--slice-size", "2", "--slice-coordinator", "127.0.0.1:1", "--index", "0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxcluster.worker", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**_env_without_ca(), "JAXCLUSTER_AUTH_TOKEN": TOKEN},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "set JAXCLUSTER_TLS_CA to the CA" in done.stderr
+
+
+def _env_without_ca() -> dict[str, str]:
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "JAXCLUSTER_TLS_CA"}

@@ -80,11 +80,13 @@ class Fanout:
         slice_index: int,
         heartbeat_timeout: float,
         on_broken: Callable[[str], None] | None = None,
+        tls_ca: bytes | None = None,
     ) -> None:
         from jaxcluster._native import core
 
         self._peers = [
-            _Peer(h, core.WorkerClient(h.address, auth_token, heartbeat_timeout)) for h in peers
+            _Peer(h, core.WorkerClient(h.address, auth_token, heartbeat_timeout, tls_ca=tls_ca))
+            for h in peers
         ]
         self._index = slice_index
         self._timeout = heartbeat_timeout

@@ -33,6 +33,7 @@ from jaxcluster.worker.slice import SliceMismatchError
 from jaxcluster.worker.slice_flags import (
     add_slice_arguments,
     explicit_flags,
+    peer_tls_ca,
     slice_config,
     slice_status,
 )
@@ -114,6 +115,7 @@ def _serve(args: argparse.Namespace) -> int:
         context.set_worker_auth_token(token)
         tls_cert, tls_key = tls_files(args)
         config = slice_config(args, index)
+        peer_ca = peer_tls_ca(tls_cert) if config is not None else None
         if config is not None:
             from jaxcluster.worker.slice import join
 
@@ -140,7 +142,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
         return 3
     try:
-        slice_parts = _form_slice(config, server, token) if config is not None else None
+        slice_parts = _form_slice(config, server, token, peer_ca) if config is not None else None
     except SliceMismatchError as exc:
         print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
         server.shutdown(timeout=1.0)
@@ -184,22 +186,34 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _form_slice(config: Any, server: Any, token: str | None) -> tuple[Any, Any]:
+def _form_slice(
+    config: Any, server: Any, token: str | None, tls_ca: bytes | None
+) -> tuple[Any, Any]:
     """Exchanges addresses with the slice's other hosts and starts watching them: rank 0
     watches every peer and forwards jobs to them (its ``Fanout``), a peer watches rank 0.
     Returns ``(fanout or None, watch)``."""
+    from jaxcluster._auth import warn_if_token_in_clear
     from jaxcluster.worker.fanout import Fanout
     from jaxcluster.worker.slice import SliceWatch, exchange
 
     hosts = exchange(config, server.address, server.status()["incarnation"])
     peers = [h for h in hosts if h.rank != config.rank]
     watched = peers if config.leader else [hosts[0]]
-    watch = SliceWatch(watched, token, config.heartbeat_timeout, slice_index=config.index)
+    warn_if_token_in_clear(
+        [h.address for h in peers], token, tls_ca, _log, "the slice's other hosts"
+    )
+    watch = SliceWatch(
+        watched, token, config.heartbeat_timeout, slice_index=config.index, tls_ca=tls_ca
+    )
     watch.start()
     fanout = None
     if config.leader:
         fanout = Fanout(
-            peers, token, slice_index=config.index, heartbeat_timeout=config.heartbeat_timeout
+            peers,
+            token,
+            slice_index=config.index,
+            heartbeat_timeout=config.heartbeat_timeout,
+            tls_ca=tls_ca,
         )
     _log.info(
         "slice %d formed: %s",

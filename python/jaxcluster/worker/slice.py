@@ -224,6 +224,7 @@ class SliceWatch:
         *,
         slice_index: int = 0,
         on_broken: Callable[[str], None] | None = None,
+        tls_ca: bytes | None = None,
     ) -> None:
         from jaxcluster._native import core
 
@@ -231,7 +232,9 @@ class SliceWatch:
         self._timeout = timeout
         self._index = slice_index
         self._clients = [
-            core.WorkerClient(h.address, auth_token, timeout, connect_timeout=timeout)
+            core.WorkerClient(
+                h.address, auth_token, timeout, connect_timeout=timeout, tls_ca=tls_ca
+            )
             for h in self._hosts
         ]
         self._on_broken = on_broken or broken

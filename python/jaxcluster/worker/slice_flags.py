@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_SLICE_PORT",
     "add_slice_arguments",
     "explicit_flags",
+    "peer_tls_ca",
     "slice_config",
     "slice_status",
 ]
@@ -187,3 +188,21 @@ def slice_status(config: SliceConfig | None) -> dict[str, int]:
     if config is None:
         return {}
     return {"slice_index": config.index, "slice_rank": config.rank, "slice_size": config.size}
+
+
+def peer_tls_ca(tls_cert: bytes | None) -> bytes | None:
+    """The CA a slice host verifies its peers with: none when it serves plaintext (its
+    peers do too), else ``JAXCLUSTER_TLS_CA``, which must then be set (a host serving TLS
+    never sends the token to its peers in clear text)."""
+    if tls_cert is None:
+        return None
+    from jaxcluster._tls import TLS_CA_ENV, ca_from_env
+
+    ca = ca_from_env()
+    if ca is None:
+        raise TaskSetupError(
+            f"this slice host serves TLS (--tls-cert), so it reaches the other hosts of its "
+            f"slice over TLS too: set {TLS_CA_ENV} to the CA (path or PEM) that signed the "
+            "slice's certificates"
+        )
+    return ca

@@ -9,7 +9,8 @@ child that exits with status 0 (drained after SIGTERM) or 2 (its flags or its sl
 wrong: starting it again would fail the same way) ends the supervisor with that status;
 any other end (the slice broke, a crash, a SIGKILL) starts a new child after a back-off
 that grows from 0.5 s to 10 s and resets once a child has served for a minute. SIGTERM
-and SIGINT are passed to the child and end the supervision. ``JAXCLUSTER_PREVIOUS_EXIT``
+and SIGINT are passed to the child and end the supervision; if the supervisor dies, the
+kernel kills the child (Linux's parent-death signal). ``JAXCLUSTER_PREVIOUS_EXIT``
 tells each new child how the previous one ended (it reports it in ``GetStatus``).
 
 Example::
@@ -57,6 +58,17 @@ def _with_address(argv: Sequence[str], address: str) -> list[str]:
     return [*out, "--address", address]
 
 
+def _die_with_parent() -> None:
+    """Runs in the child before it starts: on Linux, the kernel SIGKILLs it if this
+    supervisor dies (even by SIGKILL), so a host never outlives its supervisor."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+
 def supervise(argv: Sequence[str], environ: dict[str, str]) -> int:
     """Runs ``python -m jaxcluster.worker *argv --supervised`` until it ends for good;
     returns its final exit status."""
@@ -86,6 +98,7 @@ def supervise(argv: Sequence[str], environ: dict[str, str]) -> int:
             env=env,
             text=True,
             errors="replace",
+            preexec_fn=_die_with_parent,  # this process has one thread: safe here
         )
         child[0] = process
         assert process.stdout is not None
