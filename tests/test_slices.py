@@ -383,3 +383,21 @@ def test_given_up_slice_leaves_the_other_and_all_gone_is_unavailable(tmp_path: P
         with pytest.raises(errors.UnavailableError):
             coordinator.schedule(slice_pids).fetch()
         assert [w["state"] for w in coordinator.workers] == ["given_up", "given_up"]
+
+
+def test_status_reports_each_hosts_slice(cluster: LocalCluster) -> None:
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxcluster", "status", *cluster.addresses, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "JAXCLUSTER_AUTH_TOKEN": cluster.auth_token},
+    )
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [
+        (r["details"]["slice_index"], r["details"]["slice_rank"], r["details"]["slice_size"])
+        for r in rows
+    ] == [(i // HOSTS, i % HOSTS, HOSTS) for i in range(SLICES * HOSTS)]

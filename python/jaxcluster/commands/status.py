@@ -105,7 +105,17 @@ def _worker_row(task: str, address: str, s: dict[str, Any]) -> Row:
         last_error=str(s.get("last_error") or "") or None,
         details={
             k: s.get(k)
-            for k in ("worker_index", "platform", "jax_version", "queued", "inflight", "pid")
+            for k in (
+                "worker_index",
+                "platform",
+                "jax_version",
+                "queued",
+                "inflight",
+                "pid",
+                "slice_index",
+                "slice_rank",
+                "slice_size",
+            )
         },
     )
 
