@@ -22,13 +22,14 @@ Example::
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 from jaxcluster._task_process import PREVIOUS_EXIT_ENV
@@ -58,15 +59,23 @@ def _with_address(argv: Sequence[str], address: str) -> list[str]:
     return [*out, "--address", address]
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before it starts: on Linux, the kernel SIGKILLs it if this
-    supervisor dies (even by SIGKILL), so a host never outlives its supervisor."""
-    if sys.platform.startswith("linux"):
-        import ctypes
+def _die_with(parent: int) -> Callable[[], None]:
+    """What the child runs before it starts: on Linux, the kernel SIGKILLs it if
+    ``parent`` (this supervisor) dies, even by SIGKILL, so a host never outlives its
+    supervisor. A parent that died between the fork and the ``prctl`` is caught by the
+    parent-pid check after it."""
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    def arm() -> None:
+        if sys.platform.startswith("linux"):
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    return arm
 
 
 def supervise(argv: Sequence[str], environ: dict[str, str]) -> int:
@@ -98,7 +107,7 @@ def supervise(argv: Sequence[str], environ: dict[str, str]) -> int:
             env=env,
             text=True,
             errors="replace",
-            preexec_fn=_die_with_parent,  # this process has one thread: safe here
+            preexec_fn=_die_with(os.getpid()),  # this process has one thread: safe here
         )
         child[0] = process
         assert process.stdout is not None
