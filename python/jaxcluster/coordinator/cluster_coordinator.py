@@ -149,7 +149,7 @@ class ClusterCoordinator:
             self._slices = group_slices(
                 _worker_addresses(resolver), hosts_per_slice, resolver=resolver
             )
-        sliced = any(len(group) > 1 for group in self._slices)
+        self._sliced = sliced = any(len(group) > 1 for group in self._slices)
         if sliced and refresh_interval is not None:
             raise ValueError(
                 "refresh_interval is not supported with multi-host slices yet: a slice's "
@@ -378,7 +378,7 @@ class ClusterCoordinator:
         return [list(group) for group in self._slices]
 
     def _check_unsliced(self, what: str) -> None:
-        if any(len(group) > 1 for group in self._slices):
+        if self._sliced:
             raise ValueError(
                 f"{what} is not supported with multi-host slices yet; the slices are {self._slices}"
             )

@@ -142,9 +142,6 @@ class Fanout:
                 first = outcome
         return first
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
     def _guard(self, peer: _Peer, call: Callable[[], Any]) -> Any:
         try:
             return call()
