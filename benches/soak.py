@@ -3,6 +3,7 @@ and restarted, and every invariant is checked at the end.
 
     python benches/soak.py 1        # one minute (fractions allowed: 0.5 = 30 s)
     python benches/soak.py 10 --workers 4 --ps 2 --seed 7
+    python benches/soak.py 2 --faults term --interval 1   # only drains, one a second
 
 Faults, one at a time, every ``--interval`` seconds, on a random task:
 
@@ -22,7 +23,10 @@ Invariants (the run exits 1 naming each one that failed):
   arrived. Every extra start must be explained so: one on a process none of those events
   followed (e.g. a pipelined closure started by a worker whose lease had run out) fails the run.
   The report counts duplicates per kind of event, and the coordinator's declarations that
-  no injected fault explains (a live worker starved of CPU past the heartbeat bound);
+  no injected fault explains (a live worker starved of CPU past the heartbeat bound). A
+  closure logs its start from inside its function, so one a worker took from its queue just
+  before SIGSTOP logs a start just after SIGCONT: a start within ``RESUME_SLACK`` of a
+  resumption counts as one before the freeze (the report says how many, and how late);
 - checkpoints intact: each restored counter equals the value saved;
 - memory flat: the coordinator's RSS grows by less than ``--max-growth-kib`` per 10,000
   closures between the end of the first fifth of the run and the end.
@@ -88,6 +92,10 @@ class Declarations(logging.Handler):
 # A declaration explains a start on a process if it comes at most this long after the
 # process was replaced (a killed worker's loss may be noticed after its restart began).
 DECLARATION_SLACK = 10.0
+# A closure a worker took from its queue just before SIGSTOP (its lease still valid) logs its
+# start after SIGCONT: a start this soon after the resumption counts as one before the
+# freeze. The executor's path from taking a closure to its first line is well under this.
+RESUME_SLACK = 0.5
 
 
 def audit_repeats(
@@ -113,6 +121,11 @@ def audit_repeats(
         for when, kind, faulted in chaos.faults:
             if faulted == pid and when >= start:
                 return kind
+        for resumed, faulted in chaos.resumes:
+            if faulted == pid and 0 <= start - resumed <= RESUME_SLACK:
+                # Taken from the queue before the freeze, run on resumption.
+                after_resume.append(start - resumed)
+                return "stop"
         index = index_of.get(pid)
         end = replaced.get(pid, float("inf")) + DECLARATION_SLACK
         for when, lost_index in lost:
@@ -122,6 +135,7 @@ def audit_repeats(
 
     explained: Counter[str] = Counter()
     unexplained: list[str] = []
+    after_resume: list[float] = []
     for closure, runs in executions.items():
         if len(runs) < 2:
             continue
@@ -129,7 +143,18 @@ def audit_repeats(
         known = [reason for reason in reasons if reason is not None]
         explained.update(known[: len(runs) - 1])
         if len(known) < len(runs) - 1:
-            unexplained.append(f"closure {closure}: starts (time, pid) {sorted(runs)}")
+            starts = sorted(runs)
+            pids = {pid for _, pid in starts}
+            near = [
+                (round(when, 6), kind, pid)
+                for when, kind, pid in chaos.faults
+                if pid in pids and abs(when - starts[0][0]) < 30
+            ]
+            indices = {pid: index_of.get(pid) for pid in pids}
+            unexplained.append(
+                f"closure {closure}: starts (time, pid) {starts}; worker index by pid "
+                f"{indices}; faults on those pids (time, kind, pid) {near}"
+            )
     fault_times: dict[int, list[float]] = {}
     for when, _, pid in chaos.faults:
         if pid in index_of:
@@ -140,6 +165,11 @@ def audit_repeats(
         for when, index in lost
         if not any(0 <= when - fault <= window for fault in fault_times.get(index, []))
     )
+    if after_resume:
+        print(
+            f"starts logged after SIGCONT on a process frozen with the closure taken: "
+            f"{len(after_resume)}, at most {max(after_resume) * 1000:.1f} ms after it"
+        )
     return explained, unexplained, suspicions
 
 
@@ -161,6 +191,8 @@ class Chaos(threading.Thread):
         self.counter = 0  # the value of the ps counter, as the driver knows it
         # (time, kind, pid) of each SIGKILL / SIGTERM / SIGSTOP sent to a worker
         self.faults: list[tuple[float, str, int]] = []
+        # (time, pid) of each SIGCONT ending a freeze
+        self.resumes: list[tuple[float, int]] = []
         # (time it started serving, worker index, pid) of every worker process
         self.lives: list[tuple[float, int, int]] = [
             (time.time(), i, pid)
@@ -183,7 +215,7 @@ class Chaos(threading.Thread):
         pid = self.cluster.worker_pid(index)
         if pid is None:
             return
-        kind = self.rng.choice(["kill", "term", "stop"])
+        kind = self.rng.choice(self.args.faults)
         self.faults.append((time.time(), kind, pid))
         if kind == "kill":
             os.kill(pid, signal.SIGKILL)
@@ -196,6 +228,8 @@ class Chaos(threading.Thread):
             os.kill(pid, signal.SIGSTOP)
             # Long enough that the coordinator declares it failed.
             self.stopped.wait(HEARTBEAT_TIMEOUT + self.rng.uniform(1.0, 3.0))
+            # Stamped before the signal: the process may run before this thread does again.
+            self.resumes.append((time.time(), pid))
             os.kill(pid, signal.SIGCONT)
         if kind != "stop":
             self.cluster.restart_worker(index)
@@ -331,10 +365,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ps-every", type=int, default=5, help="every Nth fault hits a ps")
     parser.add_argument("--batch", type=int, default=2000, help="closures per batch")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--faults",
+        type=lambda text: text.split(","),
+        default=["kill", "term", "stop"],
+        help="worker faults to choose from, comma-separated (default kill,term,stop)",
+    )
     parser.add_argument("--max-growth-kib", type=float, default=256.0)
     args = parser.parse_args(argv)
     if not args.minutes > 0:
         parser.error(f"minutes={args.minutes}; expected a positive number")
+    unknown = sorted(set(args.faults) - {"kill", "term", "stop"})
+    if unknown or not args.faults:
+        parser.error(f"--faults {','.join(args.faults)}; expected some of kill,term,stop")
     with tempfile.TemporaryDirectory(prefix="jaxcluster-soak-") as work_dir:
         args.work_dir = work_dir
         return soak(args)

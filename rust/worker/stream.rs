@@ -92,6 +92,9 @@ pub struct Lease {
     length: OnceLock<Duration>,
     /// Microseconds since `opened` until which closures may start; 0: none yet.
     valid_until: AtomicU64,
+    /// The highest heartbeat this stream has sent: an acknowledgement above it cannot be
+    /// of this stream (a coordinator echoing another stream's clock), so it renews nothing.
+    stamped: AtomicU64,
     /// The stream's closure running now; 0 if none.
     running: AtomicU64,
     /// Closures wait for a lease: ask the coordinator to acknowledge at once.
@@ -104,6 +107,7 @@ impl Lease {
             opened: Instant::now(),
             length: OnceLock::new(),
             valid_until: AtomicU64::new(0),
+            stamped: AtomicU64::new(0),
             running: AtomicU64::new(0),
             wants_ack: AtomicBool::new(false),
         }
@@ -131,12 +135,13 @@ impl Lease {
     }
 
     /// Extends the lease from the acknowledged heartbeat `ack`; returns whether that made
-    /// it valid now where it was not (closures may have been waiting).
+    /// it valid now where it was not (closures may have been waiting). An `ack` this stream
+    /// never sent is ignored: honouring it would grant a lease no heartbeat vouches for.
     pub(super) fn acknowledge(&self, ack: u64) -> bool {
         let Some(length) = self.length.get() else {
             return false;
         };
-        if ack == 0 {
+        if ack == 0 || ack > self.stamped.load(Ordering::Acquire) {
             return false;
         }
         let until = (ack - 1).saturating_add(u64::try_from(length.as_micros()).unwrap_or(u64::MAX));
@@ -166,6 +171,7 @@ impl Lease {
     fn stamp(&self, message: &mut pb::RunClosuresResponse) {
         if self.is_leased() {
             message.heartbeat = self.heartbeat();
+            self.stamped.fetch_max(message.heartbeat, Ordering::AcqRel);
             message.running_closure_id = self.running.load(Ordering::Acquire);
             message.wants_ack = self.wants_ack.swap(false, Ordering::AcqRel);
         }

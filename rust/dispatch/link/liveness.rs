@@ -103,7 +103,7 @@ impl<T: WorkerTransport> Link<T> {
         tracing::warn!(target: "jaxcluster.dispatch", worker = self.address(), "{reason}");
         // Dropping the stream cancels it; the worker's lease on what it had queued has run
         // out, so it starts none of it even if it wakes up.
-        self.pipeline.channel = None;
+        self.pipeline.drop_stream();
         self.worker_died(&reason, charge, self.incarnation);
     }
 

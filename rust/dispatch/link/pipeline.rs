@@ -86,6 +86,18 @@ pub(super) struct Pipeline {
     pub running: u64,
 }
 
+impl Pipeline {
+    /// Forgets the stream (dropping it cancels it), keeping what is outstanding. Its
+    /// heartbeat acknowledgement goes with it: heartbeats count from each stream's opening,
+    /// so one echoed on the next stream would grant that stream a lease nothing vouches for.
+    pub fn drop_stream(&mut self) {
+        self.channel = None;
+        self.resume = false;
+        self.ack = 0;
+        self.running = 0;
+    }
+}
+
 /// What ended a wait for answers.
 enum Event {
     Answers(Option<Result<pb::RunClosuresResponse, RpcError>>),
@@ -273,6 +285,8 @@ impl<T: WorkerTransport> Link<T> {
             }
             message.halt_on_error = self.shared.config.error_policy == ErrorPolicy::CancelAll;
             message.lease_ms = self.lease_ms();
+            // A new stream: none of its heartbeats has been received yet.
+            message.heartbeat_ack = 0;
             if !self.open(message).await {
                 return;
             }
@@ -292,9 +306,7 @@ impl<T: WorkerTransport> Link<T> {
                 None => return,
                 Some(Some(Ok(response))) => self.heard(&response),
                 Some(Some(Err(_)) | None) => {
-                    self.pipeline.channel = None;
-                    self.pipeline.resume = false;
-                    self.pipeline.ack = 0;
+                    self.pipeline.drop_stream();
                     return;
                 }
             }
@@ -401,8 +413,7 @@ impl<T: WorkerTransport> Link<T> {
                 if let Some(sent) = self.pipeline.outstanding.pop_front() {
                     // The worker still runs it and will answer, under the same closure id
                     // a retry here would use: drop the stream so that answer goes nowhere.
-                    self.pipeline.channel = None;
-                    self.pipeline.resume = false;
+                    self.pipeline.drop_stream();
                     self.publish(0);
                     self.timed_out(sent.closure).await;
                 }
@@ -513,8 +524,7 @@ impl<T: WorkerTransport> Link<T> {
     /// queue; with `charge`, the death counts against the closure it was running), or it
     /// refused the call (everything outstanding fails with that error).
     pub(super) async fn stream_failed(&mut self, error: &RpcError, charge: bool) {
-        self.pipeline.channel = None;
-        self.pipeline.resume = false;
+        self.pipeline.drop_stream();
         if self.pipeline.outstanding.is_empty() {
             return;
         }

@@ -97,6 +97,34 @@ async fn an_expired_lease_holds_queued_closures_until_a_fresh_acknowledgement() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledgement_of_a_heartbeat_never_sent_grants_no_lease() {
+    let harness = Harness::start(config()).await;
+    let hash = registered(&harness, PICKLED_ONE).await;
+    let client = harness.client(Some(TOKEN));
+    // A coordinator that carried an older stream's acknowledgement (its clock far ahead of
+    // this new stream's) into the first message: the closure must still wait for a real one.
+    let first = pb::RunClosuresRequest {
+        lease_ms: 60_000,
+        heartbeat_ack: 3_600_000_000,
+        ..message(vec![closure(&hash, 1)])
+    };
+    let mut channel = client.run_closures(first).await.unwrap();
+    let heartbeat = ack_request(&mut channel).await;
+    assert!(heartbeat < 3_600_000_000);
+    wait_for_depth(&harness, 0, 1).await;
+    assert_eq!(
+        harness.server.status().closures_run,
+        0,
+        "closure 1 did not start"
+    );
+    channel.send(ack(heartbeat));
+    let (replies, _) = answers(&mut channel, 1).await;
+    assert_eq!(outcomes(&replies), [(1, "result")]);
+    drop(channel);
+    assert_eq!(harness.stop().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ping_is_answered_while_a_closure_runs_naming_it() {
     let harness = Harness::start(config()).await;
     let hash = registered(&harness, PICKLED_ONE).await;
