@@ -14,10 +14,11 @@
 //!   ([`LinkSlot::publish`]), then reads the idle count again ([`Balance::may_pipeline`]);
 //!   if a link went idle meanwhile, the closure goes back to the queue for it.
 //! - *Reclaim when starving.* A link that goes idle ([`Balance::while_idle`]) and finds
-//!   the queue empty asks every link with two or more outstanding to reclaim
-//!   ([`Balance::ask_pipelining_links_to_reclaim`]): that link sends `return_queued`, and
-//!   the worker hands back, unstarted, what it had queued (the idle link then takes it
-//!   from the queue).
+//!   the queue empty asks the link with the most outstanding (two or more), among those
+//!   not asked already, to reclaim ([`Balance::ask_a_pipelining_link_to_reclaim`]): that
+//!   link sends `return_queued`, and the worker hands back, unstarted, what it had queued
+//!   (the idle link then takes it from the queue). Each idle link asks its own link, so
+//!   idle links that come together are fed by as many reclaims.
 //!
 //! A closure handed back did not run: it is re-queued without counting as a retry.
 //!
@@ -72,6 +73,9 @@ pub(crate) struct LinkSlot {
     /// Asks the link to take back what its worker has queued (an idle link is starving,
     /// or a closure failed under `cancel_all`).
     reclaim: Notify,
+    /// An idle link asked this one to reclaim and it has not acted yet: other idle links
+    /// ask another.
+    asked: AtomicBool,
 }
 
 impl LinkSlot {
@@ -83,6 +87,11 @@ impl LinkSlot {
     /// Resolves when the link is asked to reclaim (at once if asked since its last wait).
     pub fn reclaim_requested(&self) -> Notified<'_> {
         self.reclaim.notified()
+    }
+
+    /// The link acts on a reclaim request: it may be asked again from now on.
+    pub fn reclaim_taken(&self) {
+        self.asked.store(false, Ordering::SeqCst);
     }
 }
 
@@ -101,6 +110,7 @@ impl Balance {
         let slot = Arc::new(LinkSlot {
             outstanding: AtomicUsize::new(0),
             reclaim: Notify::new(),
+            asked: AtomicBool::new(false),
         });
         self.slots_mut().push(Arc::clone(&slot));
         slot
@@ -135,6 +145,12 @@ impl Balance {
         take.await
     }
 
+    /// How many of `queued` closures exceed one per idle link: a link may take those
+    /// without starving an idle one.
+    pub fn spare(&self, queued: usize) -> usize {
+        queued.saturating_sub(self.idle.load(Ordering::SeqCst))
+    }
+
     /// Whether some link is idle, waiting for work.
     pub fn any_idle(&self) -> bool {
         self.idle.load(Ordering::SeqCst) > 0
@@ -146,12 +162,22 @@ impl Balance {
         !self.failure_pending() && !self.any_idle()
     }
 
-    /// Asks every link with two or more closures outstanding (so at least one queued on
-    /// its worker) to take back what its worker has queued. Called by a link that went
-    /// idle and found the queue empty.
-    pub fn ask_pipelining_links_to_reclaim(&self) {
-        for slot in self.slots().iter() {
-            if slot.outstanding.load(Ordering::SeqCst) >= 2 {
+    /// Asks the link with the most closures queued on its worker (two or more
+    /// outstanding), among those not asked already, to take back what its worker has
+    /// queued. Called by a link that went idle and found the queue empty: it needs one
+    /// closure, and one reclaim returns every closure that worker had queued, so asking
+    /// one link per idle link keeps each idle link fed without a storm of reclaims (with
+    /// a thousand links, asking all of them returned a fifth of all closures).
+    pub fn ask_a_pipelining_link_to_reclaim(&self) {
+        let slots = self.slots();
+        let busiest = slots
+            .iter()
+            .filter(|slot| !slot.asked.load(Ordering::SeqCst))
+            .map(|slot| (slot.outstanding.load(Ordering::SeqCst), slot))
+            .filter(|(outstanding, _)| *outstanding >= 2)
+            .max_by_key(|(outstanding, _)| *outstanding);
+        if let Some((_, slot)) = busiest {
+            if !slot.asked.swap(true, Ordering::SeqCst) {
                 slot.reclaim.notify_one();
             }
         }

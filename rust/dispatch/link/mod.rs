@@ -47,7 +47,7 @@ use crate::log_target::DISPATCH;
 use crate::queue::Tag;
 use balance::LinkSlot;
 use execute::Verdict;
-use pipeline::Pipeline;
+use pipeline::{Idle, Pipeline};
 pub(crate) use recovery::hang_up_hint;
 use recovery::Recovery;
 
@@ -187,8 +187,9 @@ impl<T: WorkerTransport> Link<T> {
                     let work = match self.held.take() {
                         Some(work) => work,
                         None => match self.take_when_idle().await {
-                            Some(work) => work,
-                            None => return, // the queue was stopped
+                            Idle::Work(work) => work,
+                            Idle::Lost => continue,
+                            Idle::Stopped => return,
                         },
                     };
                     self.serve(work).await;

@@ -98,6 +98,15 @@ impl Pipeline {
     }
 }
 
+/// What an idle link's wait for work ended with.
+pub(super) enum Idle {
+    Work(Work),
+    /// The queue was stopped.
+    Stopped,
+    /// The worker was found gone; the link is recovering.
+    Lost,
+}
+
 /// What ended a wait for answers.
 enum Event {
     Answers(Option<Result<pb::RunClosuresResponse, RpcError>>),
@@ -128,6 +137,18 @@ impl<T: WorkerTransport> Link<T> {
         self.slot.publish(count);
     }
 
+    /// Whether this link may take a share of a backlog while links are idle: as for
+    /// pipelining, except that idle links do not forbid it.
+    fn may_share(&self) -> bool {
+        self.pipeline.going_away.is_none()
+            && !self
+                .pipeline
+                .outstanding
+                .iter()
+                .any(|sent| sent.closure.runs_alone())
+            && !self.shared.balance.failure_pending()
+    }
+
     /// Whether a busy link may send another closure now: not while a closure whose worker
     /// died under it before is outstanding (it runs alone, see `deaths.rs`).
     fn may_pipeline(&self) -> bool {
@@ -140,22 +161,54 @@ impl<T: WorkerTransport> Link<T> {
             && self.shared.balance.may_pipeline()
     }
 
-    /// Takes work as an idle link: without waiting if some is queued, else after asking
-    /// pipelining links to reclaim, blocking until work arrives. `None` once stopped.
-    pub(super) async fn take_when_idle(&mut self) -> Option<Work> {
-        let shared = &self.shared;
-        let tag = self.tag();
-        let take = async {
-            match shared.queue.try_get(Some(tag)) {
-                Ok(work) => Some(work),
-                Err(TryGetError::Stopped) => None,
-                Err(TryGetError::Empty) => {
-                    shared.balance.ask_pipelining_links_to_reclaim();
-                    shared.queue.get_async(Some(tag), None).await
+    /// Takes work as an idle link: without waiting if some is queued, else after asking a
+    /// pipelining link to reclaim, waiting until work arrives. Meanwhile it watches the
+    /// open stream: a worker that dies while idle is noticed when its connection breaks,
+    /// not only when the next closure is sent to it (a dashboard would show it up).
+    pub(super) async fn take_when_idle(&mut self) -> Idle {
+        loop {
+            let shared = &self.shared;
+            let tag = self.tag();
+            let take = async {
+                match shared.queue.try_get(Some(tag)) {
+                    Ok(work) => Some(work),
+                    Err(TryGetError::Stopped) => None,
+                    Err(TryGetError::Empty) => {
+                        shared.balance.ask_a_pipelining_link_to_reclaim();
+                        shared.queue.get_async(Some(tag), None).await
+                    }
                 }
+            };
+            let channel = self.pipeline.channel.as_mut();
+            let ended = async {
+                match channel {
+                    Some(channel) => channel.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            let message = tokio::select! {
+                biased;
+                work = shared.balance.while_idle(take) => {
+                    return work.map_or(Idle::Stopped, Idle::Work);
+                }
+                message = ended => message,
+            };
+            if let Some(Ok(response)) = message {
+                // A late heartbeat: nothing to do but note it.
+                self.heard(&response);
+                continue;
             }
-        };
-        shared.balance.while_idle(take).await
+            // The stream ended or broke.
+            self.pipeline.drop_stream();
+            if self.worker_lost().await {
+                self.worker_failed(&format!(
+                    "its connection closed while it was idle (worker {} does not answer, is \
+                     shutting down, or restarted)",
+                    self.address()
+                ));
+                return Idle::Lost;
+            }
+        }
     }
 
     /// Sends as many queued closures as the pipelining rule allows, in one message.
@@ -170,11 +223,22 @@ impl<T: WorkerTransport> Link<T> {
     /// slip into this link's pipeline.
     pub(super) async fn send_with_top_up(&mut self, mut batch: Vec<Closure>) {
         let capacity = self.capacity();
+        // Closures beyond one per idle link: this link may take those even while links are
+        // idle (each idle link still finds one), so with many workers and a deep queue a
+        // message carries several closures instead of one (see `balance.rs`).
+        let mut spare = self.shared.balance.spare(self.shared.queue.len());
         while self.held.is_none()
             && self.pipeline.outstanding.len() + batch.len() < capacity
             && !batch.iter().any(Closure::runs_alone)
-            && self.may_pipeline()
         {
+            let sharing = if self.may_pipeline() {
+                false
+            } else if spare > 0 && self.may_share() {
+                spare -= 1;
+                true
+            } else {
+                break;
+            };
             let Ok(work) = self.shared.queue.try_get(Some(self.tag())) else {
                 break;
             };
@@ -198,7 +262,12 @@ impl<T: WorkerTransport> Link<T> {
                 }
             };
             self.publish(batch.len() + 1);
-            if !self.may_pipeline() {
+            let still = if sharing {
+                !self.shared.balance.failure_pending()
+            } else {
+                self.may_pipeline()
+            };
+            if !still {
                 // A link went idle meanwhile (or a closure failed): it gets this one.
                 self.publish(batch.len());
                 self.requeue(closure);
@@ -424,6 +493,7 @@ impl<T: WorkerTransport> Link<T> {
     /// Asks the worker for its queued closures back, if a closure failed (under
     /// `cancel_all`) or a link is idle while this one has closures queued.
     fn reclaim(&mut self) {
+        self.slot.reclaim_taken();
         let outstanding = self.pipeline.outstanding.len();
         let failed = self.shared.balance.failure_pending();
         let starving = self.shared.balance.any_idle();

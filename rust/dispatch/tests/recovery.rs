@@ -232,3 +232,40 @@ fn the_other_workers_carry_on_when_one_is_given_up() {
         resource.state(0) == ResourceState::Ready
     });
 }
+
+#[test]
+fn an_idle_link_notices_its_worker_die_without_work_to_send() {
+    let cluster = FakeCluster::new(2);
+    let dispatcher = start(&cluster, fast_config());
+    let gated = function(&dispatcher, "gate:idle");
+    // Both links open a stream (each worker runs one gated closure), answer, and go idle
+    // with it open.
+    let cells: Vec<_> = (0..2)
+        .map(|n| {
+            dispatcher
+                .schedule(&gated, args(&n.to_string()), &[])
+                .unwrap()
+        })
+        .collect();
+    wait_until("both workers run a closure", || {
+        cluster.running(0) == 1 && cluster.running(1) == 1
+    });
+    cluster.open_gate("idle");
+    for cell in &cells {
+        assert!(cell.wait(None));
+    }
+    assert_eq!(state(&dispatcher, 1), LinkState::Up);
+    let failures = dispatcher.metrics().worker_failures;
+    cluster.kill(1);
+    // Nothing is scheduled: the broken stream alone tells the idle link.
+    wait_until("the idle link noticed", || {
+        state(&dispatcher, 1) != LinkState::Up
+    });
+    assert_eq!(dispatcher.metrics().worker_failures, failures + 1);
+    // It comes back once the worker does, and serves again.
+    cluster.restart(1);
+    wait_until("worker 1 is up again", || {
+        state(&dispatcher, 1) == LinkState::Up
+    });
+    assert_eq!(state(&dispatcher, 0), LinkState::Up);
+}
