@@ -77,17 +77,14 @@ def _dispatch(coordinator: Any, closures: int) -> tuple[float, float]:
 
 
 def _recovery(cluster: Any, coordinator: Any) -> float:
+    from jaxcluster.demo_slices import wait_serving_again
+
     before = coordinator.workers[0]["incarnation"]
     cluster.kill_worker(1)
-    killed = time.monotonic()
-    while True:
-        coordinator.fetch([coordinator.schedule(trivial) for _ in range(2)])
-        worker = coordinator.workers[0]
-        if worker["state"] == "up" and worker["incarnation"] not in (0, before):
-            return time.monotonic() - worker["in_state_seconds"] - killed
-        if time.monotonic() - killed > 300:
-            raise TimeoutError("slice 0 did not serve again within 300 s")
-        time.sleep(0.05)
+    recovered = wait_serving_again(coordinator, before, time.monotonic(), timeout=300)
+    if recovered is None:
+        raise TimeoutError("slice 0 did not serve again within 300 s")
+    return recovered
 
 
 def _free_port() -> int:

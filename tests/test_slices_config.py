@@ -113,6 +113,29 @@ def test_slice_flags_from_a_resolver(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config == SliceConfig(index=1, rank=1, size=2, coordinator="10.0.0.2:8476")
 
 
+def test_a_worker_outside_any_slice_asks_its_resolver_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    spec = {"cluster": {"worker": HOSTS[:2]}, "task": {"type": "worker", "index": 1}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(spec))
+    asked: list[int] = []
+    real = worker_main.task_settings
+
+    def counting(*args: object, **kwargs: object) -> object:
+        asked.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    served: list[object] = []
+    monkeypatch.setattr(worker_main, "task_settings", counting)
+    monkeypatch.setattr(worker_main, "_serve", lambda args, resolved=None: served.append(resolved))
+    args = _args("--from-resolver", "tf_config")
+    args.raw_argv = ["--from-resolver", "tf_config"]
+    worker_main.run(args)
+    # Not a slice (TF_CONFIG knows none): served with the answer already in hand.
+    assert len(asked) == 1
+    assert served == [((None, HOSTS[1], 1), None)]
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

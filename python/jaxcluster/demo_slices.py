@@ -154,7 +154,7 @@ def run_slices_demo(
         progress.close()
         recovered_after = None
         if killed_at is not None:
-            recovered_after = _wait_serving_again(coordinator, before, killed_at)
+            recovered_after = wait_serving_again(coordinator, before, killed_at)
         metrics = coordinator.metrics()
     return SlicesDemoResult(
         steps=steps,
@@ -168,17 +168,20 @@ def run_slices_demo(
     )
 
 
-def _wait_serving_again(coordinator: Any, before: int, killed_at: float) -> float | None:
-    """Seconds from the kill until slice 0 serves with new processes, or ``None`` if it
-    does not within two minutes. A probe closure makes the coordinator look at it."""
-    deadline = time.monotonic() + 120
+def wait_serving_again(
+    coordinator: Any, before: int, killed_at: float, timeout: float = 120.0
+) -> float | None:
+    """Seconds from ``killed_at`` (a ``time.monotonic()``) until slice 0 serves with new
+    processes (an incarnation other than ``before``), or ``None`` if it does not within
+    ``timeout`` seconds. Probe closures keep the coordinator looking at it."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         coordinator.fetch([coordinator.schedule(os.getpid) for _ in range(2)])
         worker = coordinator.workers[0]
         if worker["state"] == "up" and worker["incarnation"] not in (0, before):
             # Up since in_state_seconds ago: when the re-formed slice answered.
             return time.monotonic() - worker["in_state_seconds"] - killed_at
-        time.sleep(0.2)
+        time.sleep(0.05)
     return None
 
 

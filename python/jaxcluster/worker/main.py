@@ -86,8 +86,8 @@ def run(args: argparse.Namespace) -> int:
         # Whether this host is part of a slice depends on what the resolver says: ask
         # once, here, and give the supervised process the answer as flags.
         try:
-            _, _, index = task_settings(args, job="worker", prog="jaxcluster worker")
-            config = slice_config(args, index)
+            settings = task_settings(args, job="worker", prog="jaxcluster worker")
+            config = slice_config(args, settings[2])
         except (TaskSetupError, ValueError, OSError) as exc:
             print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
             return 2
@@ -95,10 +95,17 @@ def run(args: argparse.Namespace) -> int:
             from jaxcluster.worker.supervisor import supervise
 
             return supervise([*raw, *explicit_flags(config)], dict(os.environ))
+        # Not part of a slice: serve with what was just resolved rather than ask again.
+        return _serve(args, resolved=(settings, None))
     return _serve(args)
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(
+    args: argparse.Namespace, resolved: tuple[tuple[Any, str, int], Any] | None = None
+) -> int:
+    """Serves until shut down. ``resolved``: ``task_settings``' and ``slice_config``'s
+    answers when the caller has them already (asking the resolver again would cost another
+    round trip to its API, and could answer differently)."""
     from jaxcluster._malloc import keep_freed_memory
     from jaxcluster._native import core
     from jaxcluster.metrics import MissingMetricsExtraError, serve_worker
@@ -110,11 +117,14 @@ def _serve(args: argparse.Namespace) -> int:
     keep_freed_memory()
     try:
         configure_logging(args)
-        token, address, index = task_settings(args, job="worker", prog="jaxcluster worker")
+        if resolved is None:
+            token, address, index = task_settings(args, job="worker", prog="jaxcluster worker")
+            config = slice_config(args, index)
+        else:
+            (token, address, index), config = resolved
         # Closures reach parameter servers with the token this worker was started with.
         context.set_worker_auth_token(token)
         tls_cert, tls_key = tls_files(args)
-        config = slice_config(args, index)
         peer_ca = peer_tls_ca(tls_cert) if config is not None else None
         if config is not None:
             from jaxcluster.worker.slice import join
