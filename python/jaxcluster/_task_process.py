@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from jaxcluster._auth import AUTH_TOKEN_ENV, auth_token_from_env
 
@@ -159,7 +159,15 @@ def add_task_arguments(
     )
 
 
-def limit_settings(args: argparse.Namespace) -> dict[str, int | float]:
+class LimitSettings(TypedDict):
+    """The servers' connection bounds, as their keyword arguments."""
+
+    max_connections: int
+    max_streams_per_connection: int
+    handshake_timeout: float
+
+
+def limit_settings(args: argparse.Namespace) -> LimitSettings:
     """The connection bounds from the flags, as the servers take them."""
     return {
         "max_connections": args.max_connections,

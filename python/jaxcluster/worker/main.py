@@ -164,7 +164,7 @@ def _serve(
         watch.start()
     try:
         print(f"jaxcluster worker listening on {server.address}", flush=True)
-        if slice_parts is None:
+        if slice_parts is None or config is None:
             Executor(server, index).serve()
         else:
             fanout, slice_watch = slice_parts

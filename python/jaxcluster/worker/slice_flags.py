@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, TypedDict
 
 from jaxcluster._task_process import TaskSetupError
 from jaxcluster.worker.slice import SliceConfig
@@ -183,7 +183,15 @@ def explicit_flags(config: SliceConfig) -> list[str]:
     ]
 
 
-def slice_status(config: SliceConfig | None) -> dict[str, int]:
+class SliceStatus(TypedDict, total=False):
+    """What a worker server is told of its slice, as its keyword arguments."""
+
+    slice_index: int
+    slice_rank: int
+    slice_size: int
+
+
+def slice_status(config: SliceConfig | None) -> SliceStatus:
     """What ``GetStatus`` reports about this host's slice (nothing outside one)."""
     if config is None:
         return {}
