@@ -137,28 +137,27 @@ impl<T: WorkerTransport> Link<T> {
         self.slot.publish(count);
     }
 
+    /// Whether this link may send closures beyond one: not while its worker is going away,
+    /// nor while a closure whose worker died under it before is outstanding (it runs
+    /// alone, see `deaths.rs`).
+    fn may_add(&self) -> bool {
+        self.pipeline.going_away.is_none()
+            && !self
+                .pipeline
+                .outstanding
+                .iter()
+                .any(|sent| sent.closure.runs_alone())
+    }
+
     /// Whether this link may take a share of a backlog while links are idle: as for
     /// pipelining, except that idle links do not forbid it.
     fn may_share(&self) -> bool {
-        self.pipeline.going_away.is_none()
-            && !self
-                .pipeline
-                .outstanding
-                .iter()
-                .any(|sent| sent.closure.runs_alone())
-            && !self.shared.balance.failure_pending()
+        self.may_add() && !self.shared.balance.failure_pending()
     }
 
-    /// Whether a busy link may send another closure now: not while a closure whose worker
-    /// died under it before is outstanding (it runs alone, see `deaths.rs`).
+    /// Whether a busy link may send another closure now (no link idle, see `balance.rs`).
     fn may_pipeline(&self) -> bool {
-        self.pipeline.going_away.is_none()
-            && !self
-                .pipeline
-                .outstanding
-                .iter()
-                .any(|sent| sent.closure.runs_alone())
-            && self.shared.balance.may_pipeline()
+        self.may_add() && self.shared.balance.may_pipeline()
     }
 
     /// Takes work as an idle link: without waiting if some is queued, else after asking a
