@@ -327,3 +327,54 @@ def test_refresh_interval_follows_a_rewritten_tf_config_file(tmp_path: Path) -> 
             wait_until(lambda: state_of(coordinator, 0) == "removed", "the first worker removed")
             values = [coordinator.schedule(worker_index_and_flag) for _ in range(20)]
             assert {index for index, _ in coordinator.fetch(values)} == {1}
+
+
+def test_a_refresh_brings_back_a_given_up_worker_the_resolver_still_lists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JAXCLUSTER_WORKER_RECOVERY_SEC", "1")
+    with local_cluster(2) as cluster:
+        (tmp_path / "tf_config.json").write_text(
+            json.dumps({"cluster": {"worker": cluster.addresses}})
+        )
+        resolver = TFConfigClusterResolver(tf_config_file=tmp_path / "tf_config.json")
+        with ClusterCoordinator(
+            resolver, auth_token=cluster.auth_token, refresh_interval=0.2
+        ) as coordinator:
+            # Both links hold an open stream: a link that never had one notices a dead
+            # worker only when it has a closure to send.
+            wait_until(
+                lambda: (
+                    {
+                        index
+                        for index, _ in coordinator.fetch(
+                            [coordinator.schedule(worker_index_and_flag) for _ in range(8)]
+                        )
+                    }
+                    == {0, 1}
+                ),
+                "closures on both workers",
+            )
+            cluster.kill_worker(1)
+            wait_until(lambda: state_of(coordinator, 1) == "given_up", "worker 1 given up")
+            cluster.restart_worker(1)
+            wait_until(lambda: state_of(coordinator, 1) == "removed", "worker 1 rejoined")
+            wait_until(lambda: state_of(coordinator, 2) == "up", "worker 1 back as worker 2")
+            # While it was down it stayed given up: one new index, not one per refresh.
+            assert len(coordinator.metrics()["workers"]) == 3
+            values = coordinator.fetch(
+                [coordinator.schedule(worker_index_and_flag) for _ in range(40)]
+            )
+            assert {index for index, _ in values} <= {0, 2}
+            wait_until(
+                lambda: (
+                    2
+                    in {
+                        index
+                        for index, _ in coordinator.fetch(
+                            [coordinator.schedule(worker_index_and_flag) for _ in range(8)]
+                        )
+                    }
+                ),
+                "a closure on the worker that came back",
+            )

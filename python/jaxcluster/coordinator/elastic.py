@@ -140,6 +140,54 @@ class Membership:
         )
         return indices
 
+    def given_up(self) -> list[str]:
+        """Addresses of the workers (not removed) whose link gave up reconnecting."""
+        return [
+            status["address"]
+            for status in self._dispatcher.worker_statuses()
+            if status["state"] == "given_up"
+        ]
+
+    def answers(self, address: str, timeout: float = 5.0) -> bool:
+        """Whether a worker serves at ``address`` now (a ``GetStatus`` with this
+        coordinator's token and TLS settings)."""
+        from jaxcluster import errors
+        from jaxcluster._native import core
+
+        try:
+            client = core.WorkerClient(
+                address,
+                auth_token=self._token,
+                timeout=timeout,
+                connect_timeout=timeout,
+                tls_ca=self._tls_ca,
+            )
+            return client.get_status(timeout=timeout)["state"] == "serving"
+        except (errors.JaxClusterError, ValueError, OSError):
+            return False
+
+    def rejoin(self, addresses: Sequence[str]) -> list[int]:
+        """Gives workers that were given up a new start: each joins again as a new worker
+        (the next index; its old index ends ``removed``). Added before the old ones are
+        removed, so it works when every worker had been given up. Returns the new indices."""
+        with self._lock:
+            active = self._active_locked()
+            old = [active[address] for address in addresses if address in active]
+            wanted = [address for address in addresses if address in active]
+            if not wanted:
+                return []
+            indices = [int(i) for i in self._dispatcher.add_workers(wanted)]
+            self._addresses.extend(wanted)  # the address now maps to its new index
+            self._dispatcher.remove_workers(old)
+            self._removed.update(old)
+        _log.info(
+            "workers %s (%s), given up, join again as workers %s",
+            old,
+            ", ".join(wanted),
+            indices,
+        )
+        return indices
+
 
 class Refresher(threading.Thread):
     """Re-resolves the cluster every ``interval`` seconds and adds or removes workers so
@@ -147,7 +195,9 @@ class Refresher(threading.Thread):
 
     A resolver that fails (an API error, a file being rewritten) is logged as a WARNING and
     asked again next period: the workers stay as they were meanwhile. A refresh that would
-    remove every worker removes none and says so.
+    remove every worker removes none and says so. A worker given up (down past the
+    recovery bound) that the resolver still lists joins again as a new worker once it
+    answers: a spot VM back after hours under its old address serves again.
     """
 
     def __init__(
@@ -195,3 +245,10 @@ class Refresher(threading.Thread):
             return
         if gone:
             self._membership.remove(gone)
+        back = [
+            address
+            for address in self._membership.given_up()
+            if address in wanted and self._membership.answers(address)
+        ]
+        if back:
+            self._membership.rejoin(back)
