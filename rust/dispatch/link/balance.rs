@@ -145,12 +145,6 @@ impl Balance {
         take.await
     }
 
-    /// How many of `queued` closures exceed one per idle link: a link may take those
-    /// without starving an idle one.
-    pub fn spare(&self, queued: usize) -> usize {
-        queued.saturating_sub(self.idle.load(Ordering::SeqCst))
-    }
-
     /// Whether some link is idle, waiting for work.
     pub fn any_idle(&self) -> bool {
         self.idle.load(Ordering::SeqCst) > 0

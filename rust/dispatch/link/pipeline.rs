@@ -137,27 +137,17 @@ impl<T: WorkerTransport> Link<T> {
         self.slot.publish(count);
     }
 
-    /// Whether this link may send closures beyond one: not while its worker is going away,
-    /// nor while a closure whose worker died under it before is outstanding (it runs
-    /// alone, see `deaths.rs`).
-    fn may_add(&self) -> bool {
+    /// Whether a busy link may send another closure now (no link idle, see `balance.rs`):
+    /// not while its worker is going away, nor while a closure whose worker died under it
+    /// before is outstanding (it runs alone, see `deaths.rs`).
+    fn may_pipeline(&self) -> bool {
         self.pipeline.going_away.is_none()
             && !self
                 .pipeline
                 .outstanding
                 .iter()
                 .any(|sent| sent.closure.runs_alone())
-    }
-
-    /// Whether this link may take a share of a backlog while links are idle: as for
-    /// pipelining, except that idle links do not forbid it.
-    fn may_share(&self) -> bool {
-        self.may_add() && !self.shared.balance.failure_pending()
-    }
-
-    /// Whether a busy link may send another closure now (no link idle, see `balance.rs`).
-    fn may_pipeline(&self) -> bool {
-        self.may_add() && self.shared.balance.may_pipeline()
+            && self.shared.balance.may_pipeline()
     }
 
     /// Takes work as an idle link: without waiting if some is queued, else after asking a
@@ -222,22 +212,11 @@ impl<T: WorkerTransport> Link<T> {
     /// slip into this link's pipeline.
     pub(super) async fn send_with_top_up(&mut self, mut batch: Vec<Closure>) {
         let capacity = self.capacity();
-        // Closures beyond one per idle link: this link may take those even while links are
-        // idle (each idle link still finds one), so with many workers and a deep queue a
-        // message carries several closures instead of one (see `balance.rs`).
-        let mut spare = self.shared.balance.spare(self.shared.queue.len());
         while self.held.is_none()
             && self.pipeline.outstanding.len() + batch.len() < capacity
             && !batch.iter().any(Closure::runs_alone)
+            && self.may_pipeline()
         {
-            let sharing = if self.may_pipeline() {
-                false
-            } else if spare > 0 && self.may_share() {
-                spare -= 1;
-                true
-            } else {
-                break;
-            };
             let Ok(work) = self.shared.queue.try_get(Some(self.tag())) else {
                 break;
             };
@@ -261,12 +240,7 @@ impl<T: WorkerTransport> Link<T> {
                 }
             };
             self.publish(batch.len() + 1);
-            let still = if sharing {
-                !self.shared.balance.failure_pending()
-            } else {
-                self.may_pipeline()
-            };
-            if !still {
+            if !self.may_pipeline() {
                 // A link went idle meanwhile (or a closure failed): it gets this one.
                 self.publish(batch.len());
                 self.requeue(closure);
