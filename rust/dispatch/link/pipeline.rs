@@ -327,8 +327,6 @@ impl<T: WorkerTransport> Link<T> {
             }
             message.halt_on_error = self.shared.config.error_policy == ErrorPolicy::CancelAll;
             message.lease_ms = self.lease_ms();
-            // A new stream: none of its heartbeats has been received yet.
-            message.heartbeat_ack = 0;
             if !self.open(message).await {
                 return;
             }
@@ -364,9 +362,8 @@ impl<T: WorkerTransport> Link<T> {
         };
         match opened {
             Ok(channel) => {
+                // `ack` and `running` are 0: they went with the last stream (`drop_stream`).
                 self.pipeline.channel = Some(channel);
-                self.pipeline.ack = 0;
-                self.pipeline.running = 0;
                 true
             }
             Err(error) => {
