@@ -6,6 +6,7 @@ much, so this is the number to compare between two builds on a shared machine.
 
     python benches/cpu_breakdown.py            # 20,000 trivial closures
     python benches/cpu_breakdown.py -n 50000 --workload small-array
+    python benches/cpu_breakdown.py -n 20000 --workload 64kib     # 64 KiB in and out
 
 Linux only (reads ``/proc/<pid>/task/<tid>/stat``).
 """
@@ -38,6 +39,8 @@ def small_array(a: np.ndarray) -> np.ndarray:
 WORKLOADS: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "trivial": (trivial, ()),
     "small-array": (small_array, (np.ones(64, np.float32),)),
+    "64kib": (small_array, (np.ones(16 * 1024, np.float32),)),
+    "256kib": (small_array, (np.ones(64 * 1024, np.float32),)),
 }
 
 

@@ -8,8 +8,13 @@
 
 use std::time::Duration;
 
-use tonic::service::interceptor::InterceptedService;
+use tonic::body::Body;
+use tonic::codegen::http::header::{CONTENT_TYPE, TE};
+use tonic::codegen::http::{Method, Request, Response, Version};
+use tonic::service::interceptor::{InterceptedService, ResponseBody};
 use tonic::transport::Channel;
+use tonic::{Code, Status};
+use tower::{Service, ServiceExt};
 
 use super::auth::BearerToken;
 use super::channel::{self, Callee, Peer};
@@ -59,6 +64,9 @@ pub static WORKER: Peer = Peer {
 #[derive(Clone)]
 pub struct WorkerClient {
     inner: Inner,
+    /// The same connection without the generated client, for the `RunClosures` stream,
+    /// whose messages `frames.rs` frames (see [`Self::open_run_closures`]).
+    raw: InterceptedService<Channel, BearerToken>,
     callee: Callee,
     max_message_bytes: usize,
 }
@@ -69,11 +77,13 @@ impl WorkerClient {
     pub fn connect_lazy(config: &ClientConfig) -> Result<Self, RpcError> {
         let lazy = channel::connect_lazy(config, &WORKER)?;
         let limit = lazy.max_message_bytes;
+        let raw = InterceptedService::new(lazy.channel.clone(), lazy.auth.clone());
         let inner = pb::worker_client::WorkerClient::with_interceptor(lazy.channel, lazy.auth)
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         Ok(Self {
             inner,
+            raw,
             callee: Callee::new(&WORKER, config.address.clone()),
             max_message_bytes: limit,
         })
@@ -89,9 +99,54 @@ impl WorkerClient {
         self.max_message_bytes
     }
 
-    /// A handle on the generated client (cheap: clones share the connection).
-    pub(super) fn inner(&self) -> Inner {
-        self.inner.clone()
+    /// Opens `RunClosures` with `body` as its request stream: the gRPC call tonic's generated
+    /// client makes, with the messages framed by `frames.rs` so that arrays are neither
+    /// copied into an encoder nor out of a decoder. Resolves once the response's headers are
+    /// in; a call the worker refused at once (a trailers-only response, e.g.
+    /// `UNAUTHENTICATED`, or `UNIMPLEMENTED` from a worker that predates the stream) is that
+    /// status, and a response that is not gRPC's `200` is mapped as gRPC clients map it.
+    pub(super) async fn open_run_closures<B>(
+        &self,
+        body: B,
+    ) -> Result<Response<ResponseBody<Body>>, Status>
+    where
+        B: http_body::Body<Data = bytes::Bytes, Error = Status> + Send + 'static,
+    {
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(super::RUN_CLOSURES_PATH)
+            .version(Version::HTTP_2)
+            .header(TE, "trailers")
+            .header(CONTENT_TYPE, "application/grpc")
+            .body(Body::new(body))
+            .map_err(|e| Status::internal(format!("could not build the RunClosures call: {e}")))?;
+        let mut service = self.raw.clone();
+        let response = service
+            .ready()
+            .await
+            .map_err(|e| Status::from_error(Box::new(e)))?
+            .call(request)
+            .await
+            .map_err(|e| Status::from_error(Box::new(e)))?;
+        if let Some(status) = Status::from_header_map(response.headers()) {
+            if status.code() != Code::Ok {
+                return Err(status);
+            }
+        }
+        match response.status().as_u16() {
+            200 => Ok(response),
+            http => Err(Status::new(
+                match http {
+                    400 => Code::Internal,
+                    401 => Code::Unauthenticated,
+                    403 => Code::PermissionDenied,
+                    404 => Code::Unimplemented,
+                    429 | 502 | 503 | 504 => Code::Unavailable,
+                    _ => Code::Unknown,
+                },
+                format!("the worker answered RunClosures with HTTP status {http}, not gRPC's 200"),
+            )),
+        }
     }
 
     /// Health, identity and counters of the worker.

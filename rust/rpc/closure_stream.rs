@@ -24,6 +24,7 @@ use tokio_stream::{Stream, StreamExt};
 use super::chunks::{self, Assembler};
 use super::client::WorkerClient;
 use super::emulated::{emulate, ClosureRunner};
+use super::frames::{Ending, FramedBody, Unframed};
 use super::{pb, RpcError};
 
 /// How a channel treats messages above the size limit.
@@ -227,25 +228,34 @@ impl WorkerClient {
         });
         let _ = requests.send(first.clone());
         let context = format!("RunClosures on worker {}", self.address());
-        let mut inner = self.inner();
-        let response = match inner
-            .run_closures(UnboundedReceiverStream::new(receiver))
-            .await
-        {
-            Ok(response) => response,
+        let body = FramedBody::new(
+            UnboundedReceiverStream::new(receiver).map(Ok::<_, tonic::Status>),
+            limit,
+            "a RunClosures request",
+            Ending::Request,
+        );
+        let opened = match self.open_run_closures(body).await {
+            Ok(opened) => opened,
             Err(status) if status.code() == tonic::Code::Unimplemented => {
                 return Ok(emulate(UnaryRunner(self.clone()), first));
             }
             Err(status) => return Err(RpcError::from(status).with_context(&context)),
         };
-        let revision = response
-            .metadata()
+        let revision = opened
+            .headers()
             .get(super::REVISION_HEADER)
             .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
             .unwrap_or(0);
-        let replies = response
-            .into_inner()
-            .map(move |item| item.map_err(|status| RpcError::from(status).with_context(&context)));
+        // A worker that ended the call at once with OK (trailers-only) sends no body.
+        let ended = tonic::Status::from_header_map(opened.headers()).is_some();
+        let replies = Unframed::<_, pb::RunClosuresResponse>::new(
+            opened.into_body(),
+            limit,
+            "a RunClosures response from the worker",
+            Ending::Response,
+        )
+        .take_while(move |_| !ended)
+        .map(move |item| item.map_err(|status| RpcError::from(status).with_context(&context)));
         let mut channel = ClosureChannel::new(requests, Box::pin(replies));
         channel.large = Some(Large {
             max_message_bytes: limit,

@@ -13,6 +13,7 @@ pub mod closure_stream;
 pub mod codes;
 pub mod connections;
 pub mod emulated;
+pub mod frames;
 pub mod limits;
 pub mod serve;
 pub mod status;
@@ -40,6 +41,10 @@ pub const PROTOCOL_REVISION: u32 = 4;
 /// Response metadata of `RunClosures` naming the worker's protocol revision, so a client
 /// knows before sending anything large whether the worker assembles chunked requests.
 pub const REVISION_HEADER: &str = "jaxcluster-protocol-revision";
+
+/// The HTTP/2 path of `RunClosures`, which both halves serve with `frames.rs` rather than
+/// tonic's codec (the generated service keeps the method, for any other gRPC client).
+pub const RUN_CLOSURES_PATH: &str = "/jaxcluster.v1.Worker/RunClosures";
 
 /// A random number, never 0, drawn once per server (worker or ps) so that clients can
 /// tell a restarted process from the one before: its `pid` cannot, since in a container

@@ -29,6 +29,7 @@
 pub mod jobs;
 mod outgoing;
 mod reader;
+mod route;
 pub mod service;
 pub mod state;
 pub mod stats;
@@ -199,7 +200,11 @@ impl WorkerServer {
             crate::rpc::limits::rewrite_worker_status,
         )
         .map_err(|e| WorkerError::Config(e.to_string()))?
-        .add_service(InterceptedService::new(service, auth));
+        .add_service(route::Routes::new(
+            InterceptedService::new(service, auth.clone()),
+            Arc::clone(&state),
+            auth,
+        ));
         Ok(Self {
             serving: Serving::spawn(router, listener, &limits, connections),
             local_addr,

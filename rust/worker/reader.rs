@@ -17,8 +17,11 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use std::pin::Pin;
 use tokio::sync::oneshot;
-use tonic::{Status, Streaming};
+
+use tokio_stream::{Stream, StreamExt};
+use tonic::Status;
 
 use super::jobs::JobQueue;
 use super::outgoing::Outgoing;
@@ -28,12 +31,14 @@ use crate::rpc::chunks::{self, Assembler, MAX_CHUNKED_MESSAGE_BYTES};
 use crate::rpc::limits::malformed;
 use crate::rpc::pb;
 
+/// The request messages of one `RunClosures` call, decoded (by `route.rs`'s framing, or
+/// tonic's for the generated service).
+pub(super) type Incoming =
+    Pin<Box<dyn Stream<Item = Result<pb::RunClosuresRequest, Status>> + Send>>;
+
 /// Starts serving one `RunClosures` call: spawns the task that queues the requests and
 /// returns the stream of answers.
-pub(super) fn serve(
-    state: &Arc<WorkerState>,
-    incoming: Streaming<pb::RunClosuresRequest>,
-) -> Outgoing {
+pub(super) fn serve(state: &Arc<WorkerState>, incoming: Incoming) -> Outgoing {
     let (sender, lease, replies) = reply_channel(state.max_message_bytes);
     let (fail, failed) = oneshot::channel();
     let requests = Requests {
@@ -47,7 +52,7 @@ pub(super) fn serve(
 
 /// The requests of one stream, whole: chunked ones assembled.
 struct Requests {
-    incoming: Streaming<pb::RunClosuresRequest>,
+    incoming: Incoming,
     assembler: Assembler,
     /// Ends the call with a status (taken once).
     fail: Option<oneshot::Sender<Status>>,
@@ -67,7 +72,7 @@ enum Next {
 impl Requests {
     async fn next(&mut self) -> Next {
         loop {
-            let message = match self.incoming.message().await {
+            let message = match self.incoming.next().await.transpose() {
                 Ok(Some(message)) => message,
                 Ok(None) if self.assembler.in_progress() => {
                     return Next::Refused(Status::invalid_argument(
