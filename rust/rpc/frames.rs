@@ -253,10 +253,21 @@ pub struct Unframer {
     received: Rope,
     /// Length of the message whose prefix was read; `None` between messages.
     expected: Option<usize>,
+    /// The message being copied together as it arrives (one larger than
+    /// [`ASSEMBLE_BYTES`] that had not arrived whole when its prefix was read).
+    assembling: Option<BytesMut>,
     limit: usize,
     /// Names the messages in errors (`"a RunClosures response from the worker"`).
     what: &'static str,
 }
+
+/// A message at least this large that has not arrived whole when its prefix is read is
+/// copied into one buffer frame by frame as the frames arrive, rather than kept as frames
+/// and copied at the end: the copy overlaps the transfer (a 16 MiB array is 16 frames of
+/// 1 MiB, and its copy is then mostly done when the last frame comes), and each frame's
+/// memory is released at once. Below it, frames are kept and only a field spread over
+/// several is copied.
+pub const ASSEMBLE_BYTES: usize = 1024 * 1024;
 
 impl Unframer {
     /// An unframer of messages up to `limit` bytes; `what` names them in errors.
@@ -264,13 +275,20 @@ impl Unframer {
         Self {
             received: Rope::default(),
             expected: None,
+            assembling: None,
             limit,
             what,
         }
     }
 
     /// Adds a received data chunk.
-    pub fn push(&mut self, data: Bytes) {
+    pub fn push(&mut self, mut data: Bytes) {
+        if let (Some(buffer), Some(len)) = (self.assembling.as_mut(), self.expected) {
+            let wanted = len - buffer.len();
+            let rest = data.split_off(wanted.min(data.len()));
+            buffer.extend_from_slice(&data);
+            data = rest;
+        }
         self.received.push(data);
     }
 
@@ -280,49 +298,73 @@ impl Unframer {
         self.expected.is_some() || self.received.remaining() > 0
     }
 
+    /// Reads a message's prefix: its length, checked against the limit.
+    fn prefix(&mut self) -> Result<Option<usize>, Status> {
+        if self.received.remaining() < PREFIX_BYTES {
+            return Ok(None);
+        }
+        let flag = self.received.get_u8();
+        let len = self.received.get_u32() as usize;
+        if flag != 0 {
+            return Err(Status::internal(format!(
+                "{} arrived compressed (flag {flag}), but no compression was negotiated; \
+                 expected uncompressed gRPC messages",
+                self.what
+            )));
+        }
+        if len > self.limit {
+            return Err(Status::resource_exhausted(format!(
+                "{} is {len} bytes, above the limit of {} bytes; raise max_message_bytes on \
+                 both sides or send smaller values",
+                self.what, self.limit
+            )));
+        }
+        if len >= ASSEMBLE_BYTES && self.received.remaining() < len {
+            let mut buffer = BytesMut::with_capacity(len);
+            buffer.put(&mut self.received);
+            self.assembling = Some(buffer);
+        }
+        self.expected = Some(len);
+        Ok(Some(len))
+    }
+
     /// The next complete message, if its bytes are all in. A malformed prefix or encoding,
     /// or a message above the limit, is an error; the stream cannot go on after one.
     pub fn next_message<M: Message + Default>(&mut self) -> Result<Option<M>, Status> {
-        let len = if let Some(len) = self.expected {
-            len
-        } else {
-            {
-                if self.received.remaining() < PREFIX_BYTES {
-                    return Ok(None);
-                }
-                let flag = self.received.get_u8();
-                let len = self.received.get_u32() as usize;
-                if flag != 0 {
-                    return Err(Status::internal(format!(
-                        "{} arrived compressed (flag {flag}), but no compression was \
-                         negotiated; expected uncompressed gRPC messages",
-                        self.what
-                    )));
-                }
-                if len > self.limit {
-                    return Err(Status::resource_exhausted(format!(
-                        "{} is {len} bytes, above the limit of {} bytes; raise \
-                         max_message_bytes on both sides or send smaller values",
-                        self.what, self.limit
-                    )));
-                }
-                self.expected = Some(len);
-                len
-            }
+        let len = match self.expected {
+            Some(len) => len,
+            None => match self.prefix()? {
+                Some(len) => len,
+                None => return Ok(None),
+            },
         };
-        if self.received.remaining() < len {
-            return Ok(None);
-        }
-        self.expected = None;
-        let encoded = self.received.split_to(len);
         // Worded as tonic words it, so the one rewrite of decode failures
         // (`limits::malformed`) recognises it on either path.
-        M::decode(encoded).map(Some).map_err(|e| {
+        let failed = |e: prost::DecodeError| {
             Status::internal(format!(
                 "failed to decode Protobuf message: {} ({len} bytes): {e}",
                 self.what
             ))
-        })
+        };
+        if let Some(buffer) = self.assembling.as_ref() {
+            if buffer.len() < len {
+                return Ok(None);
+            }
+            let whole = self
+                .assembling
+                .take()
+                .map(BytesMut::freeze)
+                .unwrap_or_default();
+            self.expected = None;
+            return M::decode(whole).map(Some).map_err(failed);
+        }
+        if self.received.remaining() < len {
+            return Ok(None);
+        }
+        self.expected = None;
+        M::decode(self.received.split_to(len))
+            .map(Some)
+            .map_err(failed)
     }
 }
 

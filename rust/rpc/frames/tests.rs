@@ -332,3 +332,25 @@ async fn unframed_reads_messages_then_the_trailers_status() {
         tonic::Code::InvalidArgument
     );
 }
+
+#[test]
+fn a_large_message_arriving_in_pieces_is_assembled_as_it_comes() {
+    let large = value(10, &[ASSEMBLE_BYTES * 3 + 11]);
+    let small = value(7, &[5]);
+    let wire = Bytes::from([reference_frame(&large), reference_frame(&small)].concat());
+    for piece in [1_000_usize, 65_536, ASSEMBLE_BYTES, ASSEMBLE_BYTES * 2 + 3] {
+        let mut unframer = Unframer::new(usize::MAX, "a test message");
+        let mut got = Vec::new();
+        for start in (0..wire.len()).step_by(piece) {
+            unframer.push(wire.slice(start..(start + piece).min(wire.len())));
+            while let Some(m) = unframer.next_message::<pb::Value>().unwrap() {
+                got.push(m);
+            }
+            if got.is_empty() && start + piece < wire.len() - 100 {
+                assert!(unframer.mid_message());
+            }
+        }
+        assert_eq!(got, vec![large.clone(), small.clone()], "pieces of {piece}");
+        assert!(!unframer.mid_message());
+    }
+}
