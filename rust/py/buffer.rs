@@ -5,11 +5,12 @@
 //! speed") found most of its CPU time in copies at this boundary: `bytes(...)` of every
 //! received buffer and `.tobytes()` of every buffer sent, each into fresh memory that the
 //! kernel had to fault in page by page. A `Buffer` lets `numpy.frombuffer` read a received
-//! array where tonic decoded it, and lets a buffer that is already immutable (a received
+//! array where it was received, and lets a buffer that is already immutable (a received
 //! array sent back, a `jax.Array`'s host memory, `bytes`) be sent without being copied.
 //!
-//! This is the crate's only `unsafe` code: exporting memory through the buffer protocol
-//! and reading an exporter's memory are raw-pointer operations by definition. Both need
+//! This is the crate's `unsafe` code (besides the one forwarding `BufMut` implementation in
+//! `rpc/frames.rs`): exporting memory through the buffer protocol and reading an
+//! exporter's memory are raw-pointer operations by definition. Both need
 //! the limited API of Python 3.11 (`abi3-py311`).
 #![allow(unsafe_code)]
 
