@@ -248,3 +248,21 @@ def test_a_large_chunked_result_counts_as_a_sign_of_life_not_a_silence() -> None
         assert value.nbytes == 768 << 20 and int(value[-1]) == 1
         metrics = coordinator.metrics()
         assert (metrics["retried"], metrics["worker_failures"]) == (0, 0)
+
+
+def test_large_chunked_values_keep_their_worker_alive_both_ways() -> None:
+    # While a large argument is on its way, the pings sent after it wait behind its chunks;
+    # while a large result is encoded, nothing leaves the worker. Both took longer than a
+    # short heartbeat_timeout: the worker was declared silent and the closure sent again
+    # (with two workers, back and forth for ever). Now the worker sends a heartbeat as an
+    # argument's chunks arrive, and no side encodes a whole chunked message first (chunks
+    # are slices of the array), so the only silences are the network's.
+    x = np.ones(768 << 20, dtype=np.uint8)
+    with (
+        local_cluster(2) as cluster,
+        cluster.coordinator(heartbeat_timeout=0.5) as coordinator,
+    ):
+        back = coordinator.schedule(identity, args=(x,)).fetch(timeout=120)
+        assert back.nbytes == x.nbytes and int(back[-1]) == 1
+        metrics = coordinator.metrics()
+        assert (metrics["retried"], metrics["worker_failures"]) == (0, 0)

@@ -81,8 +81,7 @@ impl ClosureChannel {
             return self.requests.send(request).is_ok();
         }
         if large.chunks {
-            let encoded = bytes::Bytes::from(request.encode_to_vec());
-            return chunks::split(&encoded, large.max_message_bytes, "")
+            return chunks::split_message(&request, large.max_message_bytes, "")
                 .into_iter()
                 .all(|chunk| {
                     self.requests

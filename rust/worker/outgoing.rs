@@ -8,7 +8,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
 use prost::Message;
 use tokio::sync::oneshot;
 use tokio_stream::Stream;
@@ -76,9 +75,8 @@ impl Stream for Outgoing {
         }
         match Pin::new(&mut self.replies).poll_next(cx) {
             Poll::Ready(Some(Ok(response))) if response.encoded_len() > self.max_message_bytes => {
-                let encoded = Bytes::from(response.encode_to_vec());
                 let limit = self.max_message_bytes;
-                self.pending = chunks::split(&encoded, limit, "").into();
+                self.pending = chunks::split_message(&response, limit, "").into();
                 let first = self.pending.pop_front().map(Self::chunk_message);
                 Poll::Ready(first.map(Ok))
             }

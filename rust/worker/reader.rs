@@ -16,6 +16,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use std::pin::Pin;
 use tokio::sync::oneshot;
@@ -30,6 +31,9 @@ use super::stream::{reply_channel, ClosureStream, Lease, Outbound, ReplySender};
 use crate::rpc::chunks::{self, Assembler, MAX_CHUNKED_MESSAGE_BYTES};
 use crate::rpc::limits::malformed;
 use crate::rpc::pb;
+
+/// Heartbeats while a large request arrives are sent at most this often.
+const PROGRESS_HEARTBEAT: Duration = Duration::from_millis(100);
 
 /// The request messages of one `RunClosures` call, decoded (by `route.rs`'s framing, or
 /// tonic's for the generated service).
@@ -67,6 +71,8 @@ enum Next {
     Broken(Status),
     /// A malformed or oversized chunk sequence: the call ends with this status.
     Refused(Status),
+    /// A chunk of a large request arrived and more are to come.
+    Progress,
 }
 
 impl Requests {
@@ -93,7 +99,7 @@ impl Requests {
                 return Next::Request(message);
             };
             match self.assembler.push(chunk) {
-                Ok(None) => {}
+                Ok(None) => return Next::Progress,
                 Ok(Some(encoded)) => {
                     return match chunks::decode::<pb::RunClosuresRequest>(encoded, "a request") {
                         Ok(request) if request.chunk.is_some() => Next::Refused(
@@ -127,14 +133,19 @@ async fn read_requests(
     lease: Arc<Lease>,
 ) {
     // The stream's options come with its first message.
-    let first = tokio::select! {
-        next = requests.next() => next,
-        () = state.queue.drained() => return,
+    let first = loop {
+        let next = tokio::select! {
+            next = requests.next() => next,
+            () = state.queue.drained() => return,
+        };
+        if !matches!(next, Next::Progress) {
+            break next;
+        }
     };
     let first = match first {
         Next::Request(first) => first,
         Next::Refused(status) => return requests.refuse(&state, status),
-        Next::End => return,
+        Next::End | Next::Progress => return,
         Next::Broken(status) => {
             if let Some(invalid) = malformed(&status) {
                 state.stats.rejected.fetch_add(1, Ordering::Relaxed);
@@ -171,6 +182,7 @@ async fn read_stream(
     mut requests: Requests,
 ) {
     queue_message(state, stream, first);
+    let mut progress_heartbeat: Option<Instant> = None;
     loop {
         let next = tokio::select! {
             next = requests.next() => next,
@@ -183,6 +195,18 @@ async fn read_stream(
         };
         match next {
             Next::Request(request) => queue_message(state, stream, request),
+            // A large request takes a while to arrive, and the pings sent after it wait
+            // behind its chunks: its chunks are the worker's sign of life meanwhile, or a
+            // coordinator with a heartbeat bound shorter than the upload would declare this
+            // worker silent and send the closure to another one, again and again.
+            Next::Progress => {
+                if stream.lease().is_leased()
+                    && progress_heartbeat.is_none_or(|at| at.elapsed() >= PROGRESS_HEARTBEAT)
+                {
+                    progress_heartbeat = Some(Instant::now());
+                    stream.heartbeat();
+                }
+            }
             // A clean half-close: what is queued still runs and is answered.
             Next::End => return,
             Next::Broken(status) => {

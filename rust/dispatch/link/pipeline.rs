@@ -310,12 +310,7 @@ impl<T: WorkerTransport> Link<T> {
             });
         }
         self.publish(0);
-        if was_idle && !messages.is_empty() {
-            // The worker had nothing to say while idle: its silence counts from now.
-            let now = Instant::now();
-            self.pipeline.last_heard = Some(now);
-            self.pipeline.last_ping = Some(now);
-        }
+        let sent_any = !messages.is_empty();
         for mut message in messages {
             message.resume = std::mem::take(&mut self.pipeline.resume);
             message.heartbeat_ack = self.pipeline.ack;
@@ -330,6 +325,14 @@ impl<T: WorkerTransport> Link<T> {
             if !self.open(message).await {
                 return;
             }
+        }
+        if was_idle && sent_any {
+            // The worker had nothing to say while idle: its silence counts from now, after
+            // the sending (encoding a large argument takes a while, and the worker cannot
+            // answer what it has not been sent).
+            let now = Instant::now();
+            self.pipeline.last_heard = Some(now);
+            self.pipeline.last_ping = Some(now);
         }
     }
 
