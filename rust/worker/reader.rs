@@ -77,40 +77,38 @@ enum Next {
 
 impl Requests {
     async fn next(&mut self) -> Next {
-        loop {
-            let message = match self.incoming.next().await.transpose() {
-                Ok(Some(message)) => message,
-                Ok(None) if self.assembler.in_progress() => {
-                    return Next::Refused(Status::invalid_argument(
-                        "the stream ended inside a chunked request; expected chunks adding up \
-                         to its total_bytes",
-                    ))
-                }
-                Ok(None) => return Next::End,
-                Err(status) => return Next::Broken(status),
-            };
-            let Some(chunk) = message.chunk else {
-                if self.assembler.in_progress() {
-                    return Next::Refused(Status::invalid_argument(
-                        "a request arrived inside a chunked request; expected its remaining \
-                         chunks first",
-                    ));
-                }
-                return Next::Request(message);
-            };
-            match self.assembler.push(chunk) {
-                Ok(None) => return Next::Progress,
-                Ok(Some(encoded)) => {
-                    return match chunks::decode::<pb::RunClosuresRequest>(encoded, "a request") {
-                        Ok(request) if request.chunk.is_some() => Next::Refused(
-                            Status::invalid_argument("a chunked request holds another chunk"),
-                        ),
-                        Ok(request) => Next::Request(request),
-                        Err(status) => Next::Refused(status),
-                    }
-                }
-                Err(status) => return Next::Refused(status),
+        let message = match self.incoming.next().await.transpose() {
+            Ok(Some(message)) => message,
+            Ok(None) if self.assembler.in_progress() => {
+                return Next::Refused(Status::invalid_argument(
+                    "the stream ended inside a chunked request; expected chunks adding up to \
+                     its total_bytes",
+                ))
             }
+            Ok(None) => return Next::End,
+            Err(status) => return Next::Broken(status),
+        };
+        let Some(chunk) = message.chunk else {
+            if self.assembler.in_progress() {
+                return Next::Refused(Status::invalid_argument(
+                    "a request arrived inside a chunked request; expected its remaining chunks \
+                     first",
+                ));
+            }
+            return Next::Request(message);
+        };
+        match self.assembler.push(chunk) {
+            Ok(None) => Next::Progress,
+            Ok(Some(encoded)) => {
+                match chunks::decode::<pb::RunClosuresRequest>(encoded, "a request") {
+                    Ok(request) if request.chunk.is_some() => Next::Refused(
+                        Status::invalid_argument("a chunked request holds another chunk"),
+                    ),
+                    Ok(request) => Next::Request(request),
+                    Err(status) => Next::Refused(status),
+                }
+            }
+            Err(status) => Next::Refused(status),
         }
     }
 
@@ -201,7 +199,7 @@ async fn read_stream(
             // worker silent and send the closure to another one, again and again.
             Next::Progress => {
                 if stream.lease().is_leased()
-                    && progress_heartbeat.is_none_or(|at| at.elapsed() >= PROGRESS_HEARTBEAT)
+                    && progress_heartbeat.map_or(true, |at| at.elapsed() >= PROGRESS_HEARTBEAT)
                 {
                     progress_heartbeat = Some(Instant::now());
                     stream.heartbeat();
