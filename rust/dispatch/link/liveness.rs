@@ -9,7 +9,10 @@
 //! With a worker of protocol revision 4 or later, the link opens its stream with a lease
 //! of nine tenths of `heartbeat_timeout` and, while closures are outstanding, pings every
 //! fifth of it; the worker's tokio runtime answers a ping at once, whatever its Python
-//! executor is doing, so a long closure never looks like silence. Every message either way
+//! executor is doing, so a long closure never looks like silence. Nor does a large value:
+//! a ping sent after a chunked argument waits behind its chunks, so the worker sends a
+//! heartbeat as the chunks arrive (`worker/reader.rs`), and a chunked answer's chunks count
+//! as they arrive (`ClosureChannel::last_received`). Every message either way
 //! carries the heartbeat fields: the worker's messages a heartbeat, the link's the highest
 //! heartbeat received (`heartbeat_ack`), which renews the worker's lease. A worker that
 //! sends nothing for `heartbeat_timeout` is declared failed: its stream is dropped, the
