@@ -378,3 +378,40 @@ def test_a_refresh_brings_back_a_given_up_worker_the_resolver_still_lists(
                 ),
                 "a closure on the worker that came back",
             )
+
+
+def test_given_up_workers_are_probed_at_once_not_one_after_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A refresh probes every given-up worker the resolver still lists; most are usually
+    # still down, and each probe may wait its whole timeout. Each probe here waits for all
+    # the others to have started: probed one after another, none would get past the barrier.
+    from jaxcluster.coordinator.elastic import Membership
+
+    addresses = [f"10.9.0.{i}:8470" for i in range(6)]
+    barrier = threading.Barrier(len(addresses), timeout=60)
+    probed: list[str] = []
+
+    def answers(self: Membership, address: str, timeout: float = 5.0) -> bool:
+        probed.append(address)
+        barrier.wait()
+        return address.endswith((".1:8470", ".4:8470"))
+
+    monkeypatch.setattr(Membership, "answers", answers)
+    membership = Membership(None, addresses, None, None)
+    assert membership.answering(addresses) == ["10.9.0.1:8470", "10.9.0.4:8470"]
+    assert sorted(probed) == sorted(addresses)
+    assert membership.answering([]) == []
+
+
+def test_answering_tells_a_serving_worker_from_a_closed_port() -> None:
+    from jaxcluster.coordinator.elastic import Membership
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    with local_cluster(1) as cluster:
+        live = cluster.addresses[0]
+        assert Membership(None, [], cluster.auth_token, None).answering([closed, live]) == [live]
+        # Without the token the worker refuses the probe: not counted as serving.
+        assert Membership(None, [], None, None).answering([live]) == []

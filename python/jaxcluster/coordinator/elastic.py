@@ -28,6 +28,10 @@ __all__ = ["Membership", "Refresher"]
 
 _log = logging.getLogger("jaxcluster.coordinator")
 
+#: Probes of given-up workers in flight at once during a refresh (each a thread waiting on
+#: a ``GetStatus`` without the GIL).
+_MAX_PROBES = 32
+
 
 class Membership:
     """The workers of one dispatcher, by index: their addresses and which were removed.
@@ -166,6 +170,22 @@ class Membership:
         except (errors.JaxClusterError, ValueError, OSError):
             return False
 
+    def answering(self, addresses: Sequence[str], timeout: float = 5.0) -> list[str]:
+        """Those of ``addresses`` where a worker serves now, in the order given. Probed at
+        once (at most ``_MAX_PROBES`` in flight), so a refresh that finds many given-up
+        workers still listed, most of them still down, waits for one probe's ``timeout``
+        rather than one per address."""
+        if not addresses:
+            return []
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(
+            max_workers=min(_MAX_PROBES, len(addresses)),
+            thread_name_prefix="jaxcluster-probe",
+        ) as pool:
+            served = list(pool.map(lambda address: self.answers(address, timeout), addresses))
+        return [address for address, up in zip(addresses, served, strict=True) if up]
+
     def rejoin(self, addresses: Sequence[str]) -> list[int]:
         """Gives workers that were given up a new start: each joins again as a new worker
         (the next index; its old index ends ``removed``). Added before the old ones are
@@ -245,10 +265,7 @@ class Refresher(threading.Thread):
             return
         if gone:
             self._membership.remove(gone)
-        back = [
-            address
-            for address in self._membership.given_up()
-            if address in wanted and self._membership.answers(address)
-        ]
+        listed = [address for address in self._membership.given_up() if address in wanted]
+        back = self._membership.answering(listed)
         if back:
             self._membership.rejoin(back)
