@@ -11,11 +11,15 @@
 //!   messages up to [`BATCH_BYTES`] as tonic does);
 //! - [`Unframer`] keeps received data chunks as they came and decodes each message from them
 //!   in place ([`Rope`]): a field that lies inside one HTTP/2 data frame is a slice of that
-//!   frame. Only a field spread over several frames is copied, once.
+//!   frame. Only a field spread over several frames is copied, once; a message above
+//!   [`ASSEMBLE_BYTES`] that has not arrived whole is copied as its frames arrive, so that
+//!   copy overlaps the transfer.
 //!
 //! The bytes on the wire are standard gRPC framing (5-byte prefix, `grpc-status` trailers),
-//! so tonic's codec and grpcio read and write them unchanged; only the `RunClosures` halves
-//! (`closure_stream.rs`, the worker's `fast_path.rs`) use this module.
+//! so tonic's codec and grpcio read and write them unchanged. The `RunClosures` halves
+//! (`closure_stream.rs`, the worker's `route.rs`) frame with this module, and `chunks.rs`
+//! cuts large values into chunks through [`Segments`] and [`Rope`], so a chunk of an array
+//! is a slice of it.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
