@@ -45,34 +45,16 @@ pub fn chunk_bytes(max_message_bytes: usize) -> usize {
 /// `encoded` cut into chunks for a peer accepting `max_message_bytes`; the first chunk
 /// names `method` (empty inside a stream). The chunks share `encoded`'s memory.
 pub fn split(encoded: &Bytes, max_message_bytes: usize, method: &str) -> Vec<pb::Chunk> {
-    let size = chunk_bytes(max_message_bytes);
-    let total = encoded.len();
-    let mut chunks = Vec::with_capacity(total / size + 1);
-    let mut offset = 0;
-    loop {
-        let end = (offset + size).min(total);
-        let first = offset == 0;
-        chunks.push(pb::Chunk {
-            total_bytes: first.then_some(total as u64),
-            data: encoded.slice(offset..end),
-            method: if first {
-                method.to_owned()
-            } else {
-                String::new()
-            },
-        });
-        offset = end;
-        if offset >= total {
-            return chunks;
-        }
-    }
+    let mut rope = Rope::default();
+    rope.push(encoded.clone());
+    cut(rope, max_message_bytes, method)
 }
 
-/// `message` encoded and cut into chunks of at most [`chunk_bytes`] (the first names
-/// `method`). Its large `bytes` fields are never copied: the encoding is kept as segments
-/// (`frames::Segments`) and a chunk never spans two, so every chunk of a large array is a
-/// slice of the array. A 1 GiB value costs no whole-message encode (0.3–0.5 s per GiB
-/// here, during which nothing was sent, not even heartbeats).
+/// `message` encoded and cut into chunks (see [`split`]). Its large `bytes` fields are
+/// never copied: the encoding is kept as segments (`frames::Segments`) and a chunk never
+/// spans two, so every chunk of a large array is a slice of the array. A 1 GiB value costs
+/// no whole-message encode (0.3–0.5 s per GiB here, during which nothing was sent, not
+/// even heartbeats).
 pub fn split_message<M: Message>(
     message: &M,
     max_message_bytes: usize,
@@ -81,26 +63,32 @@ pub fn split_message<M: Message>(
     let mut encoded = Segments::default();
     message.encode_raw(&mut encoded);
     encoded.seal();
-    let total = encoded.len();
     let mut rope = Rope::default();
     while let Some(segment) = encoded.take() {
         rope.push(segment);
     }
+    cut(rope, max_message_bytes, method)
+}
+
+/// The chunks of `encoded`, each at most [`chunk_bytes`] and never spanning two of the
+/// rope's parts (each is a slice of one); the first carries the total and `method`.
+fn cut(mut encoded: Rope, max_message_bytes: usize, method: &str) -> Vec<pb::Chunk> {
     let size = chunk_bytes(max_message_bytes);
+    let total = encoded.remaining();
     let mut chunks = Vec::with_capacity(total / size + 2);
     loop {
         let first = chunks.is_empty();
-        let take = rope.chunk().len().min(size);
+        let take = encoded.chunk().len().min(size);
         chunks.push(pb::Chunk {
             total_bytes: first.then_some(total as u64),
-            data: rope.copy_to_bytes(take),
+            data: encoded.copy_to_bytes(take),
             method: if first {
                 method.to_owned()
             } else {
                 String::new()
             },
         });
-        if !rope.has_remaining() {
+        if !encoded.has_remaining() {
             return chunks;
         }
     }

@@ -32,6 +32,8 @@ use tokio_stream::Stream;
 use tonic::codegen::http::HeaderMap;
 use tonic::Status;
 
+use super::limits::too_large;
+
 /// A `bytes` field at least this large is sent by reference, as data chunks of its own.
 /// Below it, copying into the batch is cheaper than the two extra HTTP/2 frames (and the
 /// receiver's wake-ups for them) that a field of its own costs. Measured with
@@ -43,6 +45,10 @@ pub const SHARED_FIELD_BYTES: usize = 128 * 1024;
 /// Small messages ready together are written as one data chunk of up to this size (tonic
 /// batches alike), so a burst of trivial closures is one write, not one per closure.
 pub const BATCH_BYTES: usize = 32 * 1024;
+
+/// The server whose `--max-message-bytes` sets the limit a refusal names: the framed
+/// stream is the worker's `RunClosures`.
+const PEER: &str = "worker";
 
 /// The gRPC message prefix: a compression flag and a big-endian `u32` length.
 const PREFIX_BYTES: usize = 5;
@@ -140,11 +146,7 @@ pub fn encode<M: Message>(
     let len32 = u32::try_from(len)
         .ok()
         .filter(|_| len <= limit)
-        .ok_or_else(|| {
-            Status::resource_exhausted(format!(
-                "{what} is {len} bytes, above the limit of {limit} bytes for one message"
-            ))
-        })?;
+        .ok_or_else(|| too_large(PEER, what, len, limit))?;
     out.current
         .reserve(PREFIX_BYTES + len.min(SHARED_FIELD_BYTES));
     out.put_u8(0);
@@ -317,11 +319,7 @@ impl Unframer {
             )));
         }
         if len > self.limit {
-            return Err(Status::resource_exhausted(format!(
-                "{} is {len} bytes, above the limit of {} bytes; raise max_message_bytes on \
-                 both sides or send smaller values",
-                self.what, self.limit
-            )));
+            return Err(too_large(PEER, self.what, len, self.limit));
         }
         if len >= ASSEMBLE_BYTES && self.received.remaining() < len {
             let mut buffer = BytesMut::with_capacity(len);
