@@ -12,8 +12,9 @@ use tonic::{Request, Response, Status, Streaming};
 use super::dtype::Op;
 use super::store::{StoreError, Updated, VariableStore};
 use super::tensor::TensorView;
+use crate::rpc::chunks::{self, answer};
 use crate::rpc::limits::too_large;
-use crate::rpc::{chunks, pb, PROTOCOL_REVISION};
+use crate::rpc::{pb, PROTOCOL_REVISION};
 
 /// Monotonic counters reported by `GetStatus`.
 #[derive(Debug, Default)]
@@ -260,36 +261,34 @@ impl PsShared {
 
     /// Runs one unary call that came through `CallChunked`, whose answer may be of any
     /// size (it leaves in chunks).
-    fn chunked(&self, method: &str, encoded: Bytes) -> Result<Bytes, Status> {
+    fn chunked(&self, method: &str, encoded: Bytes) -> Result<Vec<pb::Chunk>, Status> {
         let what = format!("a chunked {method} request");
         let what = what.as_str();
         let any = usize::MAX;
-        let response = match method {
-            "CreateVariable" => self.create(&self.decoded(encoded, what)?)?.encode_to_vec(),
-            "Read" => self
-                .read(&self.decoded(encoded, what)?, any)?
-                .encode_to_vec(),
-            "Assign" => self
-                .update(&self.decoded(encoded, what)?, Op::Assign, any)?
-                .encode_to_vec(),
-            "AssignAdd" => self
-                .update(&self.decoded(encoded, what)?, Op::Add, any)?
-                .encode_to_vec(),
-            "AssignSub" => self
-                .update(&self.decoded(encoded, what)?, Op::Sub, any)?
-                .encode_to_vec(),
-            "ScatterAdd" => self
-                .scatter_add(&self.decoded(encoded, what)?, any)?
-                .encode_to_vec(),
-            "ReadMany" => self
-                .read_many(&self.decoded(encoded, what)?, any)?
-                .encode_to_vec(),
-            "AssignMany" => self
-                .assign_many(&self.decoded(encoded, what)?)?
-                .encode_to_vec(),
+        let limit = self.max_message_bytes;
+        Ok(match method {
+            "CreateVariable" => answer(&self.create(&self.decoded(encoded, what)?)?, limit),
+            "Read" => answer(&self.read(&self.decoded(encoded, what)?, any)?, limit),
+            "Assign" => answer(
+                &self.update(&self.decoded(encoded, what)?, Op::Assign, any)?,
+                limit,
+            ),
+            "AssignAdd" => answer(
+                &self.update(&self.decoded(encoded, what)?, Op::Add, any)?,
+                limit,
+            ),
+            "AssignSub" => answer(
+                &self.update(&self.decoded(encoded, what)?, Op::Sub, any)?,
+                limit,
+            ),
+            "ScatterAdd" => answer(
+                &self.scatter_add(&self.decoded(encoded, what)?, any)?,
+                limit,
+            ),
+            "ReadMany" => answer(&self.read_many(&self.decoded(encoded, what)?, any)?, limit),
+            "AssignMany" => answer(&self.assign_many(&self.decoded(encoded, what)?)?, limit),
             other => return Err(self.reject(chunks::unknown_method(other, &CHUNKED_METHODS))),
-        };
-        Ok(Bytes::from(response))
+        })
     }
 }
 
@@ -415,7 +414,7 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         Ok(Response::new(pb::DeleteVariablesResponse { deleted }))
     }
 
-    type CallChunkedStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>>;
+    type CallChunkedStream = chunks::AnswerStream;
 
     async fn call_chunked(
         &self,
@@ -424,7 +423,6 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         let s = &self.shared;
         let answer = chunks::serve(
             request.into_inner(),
-            s.max_message_bytes,
             |status| s.reject(status),
             |method, encoded| async move { s.chunked(&method, encoded) },
         )

@@ -221,41 +221,32 @@ where
     }))
 }
 
-/// The answer stream of a `CallChunked` call: `response`'s encoding in chunks.
-pub fn answer<M: Message>(
-    response: &M,
-    max_message_bytes: usize,
-) -> tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>> {
-    let chunks: Vec<_> = split_message(response, max_message_bytes, "")
-        .into_iter()
-        .map(Ok)
-        .collect();
-    tokio_stream::iter(chunks)
+/// The answer stream of a `CallChunked` call.
+pub type AnswerStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>>;
+
+/// A `CallChunked` answer: `response` cut into chunks for a peer accepting
+/// `max_message_bytes`. Encoded into segments, so a large array in it is cut by reference,
+/// never copied into one encoding first (a ps `Read` of a 256 MiB variable).
+pub fn answer<M: Message>(response: &M, max_message_bytes: usize) -> Vec<pb::Chunk> {
+    split_message(response, max_message_bytes, "")
 }
 
 /// Serves one `CallChunked` call: reads the request, lets `handle` answer it (by method
-/// name and encoding; it decodes with [`decode`] and runs the unary handler's code) and
-/// returns the answer's chunks. `refused` sees every refusal of the request itself (to
-/// count it).
-pub async fn serve<S, F, Fut, R>(
-    incoming: S,
-    max_message_bytes: usize,
-    refused: R,
-    handle: F,
-) -> Result<tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>>, Status>
+/// name and encoding; it decodes with [`decode`], runs the unary handler's code and cuts
+/// the response with [`answer`]) and streams the answer's chunks. `refused` sees every
+/// refusal of the request itself (to count it).
+pub async fn serve<S, F, Fut, R>(incoming: S, refused: R, handle: F) -> Result<AnswerStream, Status>
 where
     S: Stream<Item = Result<pb::Chunk, Status>> + Unpin,
     F: FnOnce(String, Bytes) -> Fut,
-    Fut: Future<Output = Result<Bytes, Status>>,
+    Fut: Future<Output = Result<Vec<pb::Chunk>, Status>>,
     R: FnOnce(Status) -> Status,
 {
     let (method, encoded) = read_message(incoming).await.map_err(refused)?;
-    let response = handle(method, encoded).await?;
-    let chunks: Vec<_> = split(&response, max_message_bytes, "")
-        .into_iter()
-        .map(Ok)
-        .collect();
-    Ok(tokio_stream::iter(chunks))
+    let chunks = handle(method, encoded).await?;
+    Ok(tokio_stream::iter(
+        chunks.into_iter().map(Ok).collect::<Vec<_>>(),
+    ))
 }
 
 /// The `UNIMPLEMENTED` answer for a method `CallChunked` does not carry.
@@ -397,5 +388,60 @@ mod tests {
         assert_eq!(back, value);
         let e = decode::<pb::Value>(Bytes::from_static(b"\xff\xff"), "a value").unwrap_err();
         assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    }
+
+    #[tokio::test]
+    async fn serve_reads_the_request_and_streams_the_answer_by_reference() {
+        use tokio_stream::StreamExt as _;
+        let request = pb::Value {
+            pickle: Bytes::from_static(b"\x80\x05N."),
+            buffers: vec![Bytes::from(vec![5u8; 300])],
+        };
+        let incoming = tokio_stream::iter(split_message(&request, 100, "Read").into_iter().map(Ok));
+        let big = Bytes::from(vec![9u8; CHUNK_BYTES + 10]);
+        let response = pb::Value {
+            pickle: Bytes::from_static(b"\x80\x05N."),
+            buffers: vec![big.clone()],
+        };
+        let answer = serve(
+            incoming,
+            |status| status,
+            |method, encoded| {
+                let (request, response) = (request.clone(), response.clone());
+                async move {
+                    assert_eq!(method, "Read");
+                    assert_eq!(decode::<pb::Value>(encoded, "a request")?, request);
+                    Ok(answer(&response, usize::MAX))
+                }
+            },
+        )
+        .await
+        .unwrap();
+        let chunks: Vec<pb::Chunk> = answer.map(Result::unwrap).collect().await;
+        assert!(chunks.len() >= 2, "{} chunks", chunks.len());
+        assert!(
+            chunks.iter().any(|c| c.data.as_ptr() == big.as_ptr()),
+            "the array's first chunk is the array itself, not a copy"
+        );
+        let mut a = Assembler::default();
+        let encoded = chunks.into_iter().find_map(|c| a.push(c).unwrap()).unwrap();
+        assert_eq!(decode::<pb::Value>(encoded, "an answer").unwrap(), response);
+
+        // A request stream that ends early is refused through `refused`, before `handle`.
+        let mut cut = split_message(&request, 100, "Read");
+        cut.pop();
+        let refusal = serve(
+            tokio_stream::iter(cut.into_iter().map(Ok)),
+            |status| Status::aborted(format!("counted: {}", status.message())),
+            |_, _| async { panic!("a refused request reached its handler") },
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(refusal.code(), tonic::Code::Aborted);
+        assert!(
+            refusal.message().contains("ended before"),
+            "{}",
+            refusal.message()
+        );
     }
 }

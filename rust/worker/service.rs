@@ -47,35 +47,35 @@ fn decoded<M: Message + Default>(
 impl WorkerService {
     /// Runs one unary call that came through `CallChunked`: as the unary handler would,
     /// except that the answer may be of any size (it leaves in chunks).
-    async fn chunked(&self, method: String, encoded: Bytes) -> Result<Bytes, Status> {
+    async fn chunked(&self, method: String, encoded: Bytes) -> Result<Vec<pb::Chunk>, Status> {
         let state = &self.state;
         let what = format!("a chunked {method} request");
         let what = what.as_str();
-        let response = match method.as_str() {
+        let limit = state.max_message_bytes;
+        Ok(match method.as_str() {
             "RunClosure" => {
                 let job = state.run_job(decoded(state, encoded, what)?)?;
                 let JobReply::Run(response) = state.submit(job).await? else {
                     return Err(mismatched());
                 };
-                response.encode_to_vec()
+                chunks::answer(&response, limit)
             }
             "CreateResource" => {
                 let job = state.create_resource_job(decoded(state, encoded, what)?)?;
                 let JobReply::CreateResource(response) = state.submit(job).await? else {
                     return Err(mismatched());
                 };
-                response.encode_to_vec()
+                chunks::answer(&response, limit)
             }
-            "RegisterFunction" => state
-                .register(decoded(state, encoded, what)?)?
-                .encode_to_vec(),
+            "RegisterFunction" => {
+                chunks::answer(&state.register(decoded(state, encoded, what)?)?, limit)
+            }
             other => {
                 return Err(state
                     .stats
                     .reject(chunks::unknown_method(other, &CHUNKED_METHODS)))
             }
-        };
-        Ok(Bytes::from(response))
+        })
     }
 }
 
@@ -133,7 +133,7 @@ impl pb::worker_server::Worker for WorkerService {
         Ok(response)
     }
 
-    type CallChunkedStream = tokio_stream::Iter<std::vec::IntoIter<Result<pb::Chunk, Status>>>;
+    type CallChunkedStream = chunks::AnswerStream;
 
     async fn call_chunked(
         &self,
@@ -142,7 +142,6 @@ impl pb::worker_server::Worker for WorkerService {
         let state = &self.state;
         let answer = chunks::serve(
             request.into_inner(),
-            state.max_message_bytes,
             |status| state.stats.reject(status),
             |method, encoded| self.chunked(method, encoded),
         )
