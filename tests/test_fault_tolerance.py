@@ -191,3 +191,28 @@ def test_a_coordinator_made_while_a_worker_is_down(tmp_path: Path) -> None:
             _check_squares(tmp_path, range(10), rvs)
             cluster.restart_worker(1)
             _wait_used(coordinator, 1, 2)
+
+
+def test_a_worker_killed_before_its_first_closure_is_seen_down_without_work() -> None:
+    """An idle worker's death shows in ``coordinator.workers`` (a dashboard's view) when its
+    connection breaks, not only once a closure is sent to it: the link opens its stream as
+    soon as the worker comes up, before there is any work, and watches it. After the worker
+    is back, the watch is set up again, so a second death is seen the same way."""
+    with local_cluster(2) as cluster, cluster.coordinator() as coordinator:
+        wait_until(
+            lambda: [w["state"] for w in coordinator.workers] == ["up", "up"],
+            "both workers to be up",
+        )
+        for death in range(2):
+            cluster.kill_worker(1)
+            wait_until(
+                lambda: coordinator.workers[1]["state"] != "up",
+                f"the idle worker's death {death + 1} to show, with nothing scheduled",
+                timeout=30.0,
+            )
+            assert coordinator.workers[0]["state"] == "up"
+            assert coordinator.metrics()["completed"] == 0
+            cluster.restart_worker(1)
+            wait_until(lambda: coordinator.workers[1]["state"] == "up", "worker 1 to be back")
+        assert coordinator.metrics()["worker_failures"] >= 2
+        assert coordinator.fetch(coordinator.schedule(_worker_index)) in (0, 1)

@@ -93,6 +93,7 @@ pub(crate) struct Link<T> {
     pipeline: Pipeline,
     /// Work taken while closures were outstanding that must wait until none is.
     held: Option<Work>,
+
     /// The worker answers heartbeats (protocol revision 4 or later, from `GetStatus`).
     heartbeats: bool,
     /// The worker's last `GetStatus.previous_exit`.
@@ -172,7 +173,8 @@ impl<T: WorkerTransport> Link<T> {
             }
             match self.status.state() {
                 LinkState::Recovering => match self.recover().await {
-                    Recovery::Up | Recovery::GaveUp => {}
+                    Recovery::Up => self.pipeline.unwatched = true,
+                    Recovery::GaveUp => {}
                     Recovery::Stopped => return,
                 },
                 LinkState::Up if Instant::now() < serve_from => {
@@ -182,6 +184,11 @@ impl<T: WorkerTransport> Link<T> {
                 }
                 LinkState::Up if !self.pipeline.outstanding.is_empty() => {
                     self.await_answers().await;
+                }
+                LinkState::Up
+                    if std::mem::take(&mut self.pipeline.unwatched) && self.held.is_none() =>
+                {
+                    self.watch_idle_worker().await;
                 }
                 LinkState::Up => {
                     let work = match self.held.take() {

@@ -84,6 +84,9 @@ pub(super) struct Pipeline {
     pub ack: u64,
     /// The closure the worker's last message said it was running (0: none).
     pub running: u64,
+    /// The worker just came up and has no stream yet: one is opened before the link waits
+    /// for work ([`Link::watch_idle_worker`]).
+    pub unwatched: bool,
 }
 
 impl Pipeline {
@@ -352,6 +355,40 @@ impl<T: WorkerTransport> Link<T> {
                     self.pipeline.drop_stream();
                     return;
                 }
+            }
+        }
+    }
+
+    /// Opens the stream of a worker that just came up, before it has work: an idle link
+    /// watches its stream (`take_when_idle`), so a worker that dies before its first
+    /// closure is noticed when its connection breaks, as one that ran closures is, instead
+    /// of showing `up` until a closure is sent to it. Only after coming up, not whenever
+    /// the link is idle without a stream: a stream the worker ended while idle is not
+    /// reopened until there is work for it (no loop of opening against a worker that ends
+    /// every stream).
+    pub(super) async fn watch_idle_worker(&mut self) {
+        if self.pipeline.channel.is_some() || !self.pipeline.outstanding.is_empty() {
+            return;
+        }
+        let first = pb::RunClosuresRequest {
+            halt_on_error: self.shared.config.error_policy == ErrorPolicy::CancelAll,
+            lease_ms: self.lease_ms(),
+            ..pb::RunClosuresRequest::default()
+        };
+        let Some(opened) = self.call(self.transport.run_closures(first)).await else {
+            return; // stopping
+        };
+        match opened {
+            Ok(channel) => self.pipeline.channel = Some(channel),
+            Err(error) => {
+                if self.is_worker_failure(&error).await {
+                    self.worker_failed(&format!(
+                        "its RunClosures stream could not be opened: {}",
+                        error.message()
+                    ));
+                }
+                // Otherwise (e.g. refused): the first closure sent opens the stream again
+                // and meets the error, as it would have without this.
             }
         }
     }
