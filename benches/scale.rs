@@ -11,10 +11,17 @@
 //! and memory are the coordinator's. For each size it reports:
 //!
 //! - ready: from `Dispatcher::new` until every link is `up`;
-//! - closures/s for 20,000 trivial closures (scheduled back to back, then joined), the
-//!   median of 3 rounds, and the coordinator process's CPU time per closure over them;
-//! - the coordinator's threads and resident memory per worker (after the rounds, minus the
-//!   process before the dispatcher existed);
+//! - closures/s for rounds of trivial closures (scheduled back to back, then joined), the
+//!   median of 3 rounds, and the coordinator process's CPU time per closure over them. A
+//!   round is 20,000 closures or 100 per worker if that is more: a round of 20 per worker
+//!   at 1,000 workers is mostly the filling and draining of 1,000 pipelines 17 deep (each
+//!   link starts with one closure while others are idle), which measures the burst's
+//!   length more than the dispatch rate (that shape gave 108-145k/s on this machine where
+//!   100 per worker gives 150-215k/s);
+//! - the coordinator's threads and resident memory per worker, minus the process before
+//!   the dispatcher existed: once every link is up (`idle`: links, connections and their
+//!   open streams) and after the rounds (which adds what the queued closures left in the
+//!   allocator: at 10 workers that, not the workers, is most of it);
 //! - kill → detected: one worker's process is killed (`SIGKILL`) while closures run; the time until
 //!   its link leaves `up` (its closures go back to the queue then), and how many were
 //!   retried.
@@ -36,7 +43,9 @@ use _core::worker::{JobReply, JobRequest, Pop, WorkerConfig, WorkerServer};
 const TOKEN: &str = "scale-bench-token";
 /// A pickle-shaped payload, as the worker checks.
 const ECHO: &[u8] = b"\x80\x05\x8c\x04echo\x94.";
+/// The smallest round, and the closures per worker in a round of many workers.
 const CLOSURES: usize = 20_000;
+const CLOSURES_PER_WORKER: usize = 100;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -59,8 +68,16 @@ fn main() {
     // A thousand connections need more than the common default of 1,024 open files.
     let _ = _core::rpc::connections::raise_file_limit();
     println!(
-        "{:>8} {:>10} {:>12} {:>10} {:>9} {:>14} {:>16}",
-        "workers", "ready", "closures/s", "coord CPU", "threads", "RSS/worker", "kill->detected"
+        "{:>8} {:>10} {:>8} {:>12} {:>10} {:>9} {:>14} {:>14} {:>16}",
+        "workers",
+        "ready",
+        "round",
+        "closures/s",
+        "coord CPU",
+        "threads",
+        "idle RSS/wkr",
+        "RSS/worker",
+        "kill->detected"
     );
     for size in sizes {
         measure(size);
@@ -239,6 +256,7 @@ fn measure(size: usize) {
     let started = Instant::now();
     let dispatcher = connect(&addresses);
     let ready = started.elapsed();
+    let (_, rss_idle) = process_usage();
 
     let hash = _core::rpc::content_hash(ECHO);
     dispatcher
@@ -248,11 +266,12 @@ fn measure(size: usize) {
         pickle: Bytes::from_static(b"\x80\x05K\x01."),
         buffers: vec![],
     };
+    let closures = CLOSURES.max(CLOSURES_PER_WORKER * size);
     let mut rates = Vec::new();
     let cpu_before = cpu_seconds();
     for _ in 0..3 {
         let round = Instant::now();
-        for _ in 0..CLOSURES {
+        for _ in 0..closures {
             dispatcher
                 .schedule(&hash, args.clone(), &[])
                 .expect("schedules");
@@ -261,11 +280,11 @@ fn measure(size: usize) {
         let joined = dispatcher.join(&mut WaitPolicy::until(Some(deadline)));
         assert!(matches!(joined, Ok(true)), "{joined:?}");
         #[allow(clippy::cast_precision_loss)]
-        rates.push(CLOSURES as f64 / round.elapsed().as_secs_f64());
+        rates.push(closures as f64 / round.elapsed().as_secs_f64());
     }
     rates.sort_by(f64::total_cmp);
     #[allow(clippy::cast_precision_loss)]
-    let cpu_per_closure = (cpu_seconds() - cpu_before) / (3 * CLOSURES) as f64;
+    let cpu_per_closure = (cpu_seconds() - cpu_before) / (3 * closures) as f64;
     let (threads, rss) = process_usage();
 
     // SIGKILL one worker's process while closures run.
@@ -297,8 +316,10 @@ fn measure(size: usize) {
 
     #[allow(clippy::cast_precision_loss)]
     let per_worker = rss.saturating_sub(rss_before) as f64 / size as f64;
+    #[allow(clippy::cast_precision_loss)]
+    let idle_per_worker = rss_idle.saturating_sub(rss_before) as f64 / size as f64;
     println!(
-        "{size:>8} {:>9.2}s {:>12.0} {:>8.1}µs {:>9} {:>11.1} KiB {:>9.0} ms ({retried} retried)",
+        "{size:>8} {:>9.2}s {closures:>8} {:>12.0} {:>8.1}µs {:>9} {idle_per_worker:>10.1} KiB {:>10.1} KiB {:>9.0} ms ({retried} retried)",
         ready.as_secs_f64(),
         rates[1],
         cpu_per_closure * 1e6,
