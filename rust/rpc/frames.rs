@@ -32,7 +32,7 @@ use tokio_stream::Stream;
 use tonic::codegen::http::HeaderMap;
 use tonic::Status;
 
-use super::limits::too_large;
+use super::limits::{too_large, BATCH_MESSAGE_BYTES};
 
 /// A `bytes` field at least this large is sent by reference, as data chunks of its own.
 /// Below it, copying into the batch is cheaper than the two extra HTTP/2 frames (and the
@@ -147,8 +147,11 @@ pub fn encode<M: Message>(
         .ok()
         .filter(|_| len <= limit)
         .ok_or_else(|| too_large(PEER, what, len, limit))?;
+    // Room for the whole of a gathered batch at once (growing by doubling copied 0.75 of
+    // a 512 KiB batch of 64 KiB arrays again); a larger message is mostly fields kept as
+    // segments, which take no room here.
     out.current
-        .reserve(PREFIX_BYTES + len.min(SHARED_FIELD_BYTES));
+        .reserve(PREFIX_BYTES + len.min(BATCH_MESSAGE_BYTES));
     out.put_u8(0);
     out.put_u32(len32);
     message.encode_raw(out);

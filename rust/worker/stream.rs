@@ -40,7 +40,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use crate::rpc::limits::too_large;
+use crate::rpc::limits::{too_large, BATCH_MESSAGE_BYTES};
 use crate::rpc::pb;
 
 /// Most answers sent in one response message; a bound on how long the first answer of a
@@ -372,7 +372,7 @@ impl Stream for Replies {
                 Err(_) => break,
             };
             let more = reply.encoded_len() + REPLY_FRAMING;
-            if size + more > self.max_message_bytes {
+            if size + more > self.max_message_bytes.min(BATCH_MESSAGE_BYTES) {
                 self.held = Some(reply);
                 break;
             }

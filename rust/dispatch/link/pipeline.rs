@@ -50,6 +50,7 @@ use crate::dispatch::resources::ResourceState;
 use crate::dispatch::result_cell::EncodedValue;
 use crate::dispatch::transport::WorkerTransport;
 use crate::queue::TryGetError;
+use crate::rpc::limits::BATCH_MESSAGE_BYTES;
 use crate::rpc::{pb, ClosureChannel, RpcError};
 
 /// What wrapping one closure in a `RunClosuresRequest` adds at most (tag and length).
@@ -290,14 +291,16 @@ impl<T: WorkerTransport> Link<T> {
             self.check_idle_stream();
         }
         let limit = self.transport.max_message_bytes();
+        let batch = limit.min(BATCH_MESSAGE_BYTES);
         let mut messages: Vec<pb::RunClosuresRequest> = Vec::new();
-        let mut size = limit; // forces a first message
+        let mut size = batch; // forces a first message
         for mut closure in closures {
             let request = closure.request(self.index);
-            // A closure above the limit goes alone in its message, which the channel sends
-            // in chunks (or refuses, for a worker that cannot assemble them).
-            let needed = (request.encoded_len() + REQUEST_FRAMING).min(limit);
-            if size + needed > limit {
+            // A closure above the batch size goes alone in its message, which the channel
+            // sends in chunks if it is above the limit (or refuses, for a worker that cannot
+            // assemble them).
+            let needed = (request.encoded_len() + REQUEST_FRAMING).min(batch);
+            if size + needed > batch {
                 messages.push(pb::RunClosuresRequest::default());
                 size = 0;
             }
