@@ -290,24 +290,9 @@ impl<T: WorkerTransport> Link<T> {
         if was_idle {
             self.check_idle_stream();
         }
-        let limit = self.transport.max_message_bytes();
-        let batch = limit.min(BATCH_MESSAGE_BYTES);
-        let mut messages: Vec<pb::RunClosuresRequest> = Vec::new();
-        let mut size = batch; // forces a first message
+        let mut requests = Vec::with_capacity(closures.len());
         for mut closure in closures {
-            let request = closure.request(self.index);
-            // A closure above the batch size goes alone in its message, which the channel
-            // sends in chunks if it is above the limit (or refuses, for a worker that cannot
-            // assemble them).
-            let needed = (request.encoded_len() + REQUEST_FRAMING).min(batch);
-            if size + needed > batch {
-                messages.push(pb::RunClosuresRequest::default());
-                size = 0;
-            }
-            size += needed;
-            if let Some(message) = messages.last_mut() {
-                message.closures.push(request);
-            }
+            requests.push(closure.request(self.index));
             closure.attempts += 1;
             self.pipeline.outstanding.push_back(Sent {
                 closure,
@@ -315,6 +300,7 @@ impl<T: WorkerTransport> Link<T> {
                 registered_again,
             });
         }
+        let messages = gather(requests, self.transport.max_message_bytes());
         self.publish(0);
         let sent_any = !messages.is_empty();
         for mut message in messages {
@@ -669,10 +655,95 @@ impl<T: WorkerTransport> Link<T> {
     }
 }
 
+/// Gathers closures' requests into messages, in order: each message at most
+/// [`BATCH_MESSAGE_BYTES`] (or `limit`, if lower), so that it arrives inside one HTTP/2
+/// frame; a request larger than that goes alone in its message, which the channel sends in
+/// chunks if it is above `limit` (or refuses, for a worker that cannot assemble them).
+fn gather(requests: Vec<pb::RunClosureRequest>, limit: usize) -> Vec<pb::RunClosuresRequest> {
+    let batch = limit.min(BATCH_MESSAGE_BYTES);
+    let mut messages: Vec<pb::RunClosuresRequest> = Vec::new();
+    let mut size = batch; // forces a first message
+    for request in requests {
+        let needed = (request.encoded_len() + REQUEST_FRAMING).min(batch);
+        if size + needed > batch {
+            messages.push(pb::RunClosuresRequest::default());
+            size = 0;
+        }
+        size += needed;
+        if let Some(message) = messages.last_mut() {
+            message.closures.push(request);
+        }
+    }
+    messages
+}
+
 /// Sleeps until `deadline`, or forever without one.
 async fn sleep_until(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use prost::Message;
+
+    use super::{gather, BATCH_MESSAGE_BYTES};
+    use crate::rpc::pb;
+
+    fn request(id: u64, bytes: usize) -> pb::RunClosureRequest {
+        pb::RunClosureRequest {
+            closure_id: id,
+            args: Some(pb::Value {
+                pickle: Bytes::from_static(b"\x80\x05N."),
+                buffers: vec![Bytes::from(vec![1u8; bytes])],
+            }),
+            ..pb::RunClosureRequest::default()
+        }
+    }
+
+    #[test]
+    fn batches_fit_half_a_frame_and_large_closures_go_alone() {
+        let sizes = [64 * 1024; 20]
+            .into_iter()
+            .chain([
+                3 * BATCH_MESSAGE_BYTES,
+                100,
+                100,
+                BATCH_MESSAGE_BYTES - 50,
+                10,
+            ])
+            .collect::<Vec<_>>();
+        let requests: Vec<_> = (0_u64..)
+            .zip(&sizes)
+            .map(|(id, &bytes)| request(id, bytes))
+            .collect();
+        let messages = gather(requests, 64 << 20);
+        let order: Vec<u64> = messages
+            .iter()
+            .flat_map(|m| m.closures.iter().map(|c| c.closure_id))
+            .collect();
+        assert_eq!(
+            order,
+            (0..sizes.len() as u64).collect::<Vec<_>>(),
+            "in order, none lost"
+        );
+        for message in &messages {
+            let len = message.encoded_len();
+            assert!(
+                len <= BATCH_MESSAGE_BYTES || message.closures.len() == 1,
+                "a {len}-byte message of {} closures",
+                message.closures.len()
+            );
+        }
+        // Twenty 64 KiB closures: seven to a 512 KiB message, not all twenty in one.
+        assert_eq!(messages[0].closures.len(), 7);
+        assert_eq!(messages.len(), 3 + 1 + 1 + 1 + 1);
+        // Under a lower message limit, that limit bounds a batch instead.
+        let small = gather((0..10).map(|id| request(id, 1000)).collect(), 4096);
+        assert!(small.iter().all(|m| m.encoded_len() <= 4096), "{small:?}");
+        assert_eq!(small.iter().map(|m| m.closures.len()).sum::<usize>(), 10);
     }
 }

@@ -294,3 +294,39 @@ async fn a_stream_emulated_over_unary_calls_keeps_the_streams_rules() {
     drop(channel);
     assert_eq!(harness.stop().await, 3, "closures 1, 5 and 6 ran");
 }
+
+#[tokio::test]
+async fn answers_are_gathered_into_messages_of_half_a_frame() {
+    use crate::rpc::limits::BATCH_MESSAGE_BYTES;
+    use crate::worker::stream::{reply_channel, Outbound};
+    use prost::Message as _;
+    use tokio_stream::StreamExt as _;
+
+    let (sender, _lease, mut replies) = reply_channel(64 << 20);
+    for id in 1..=20_u64 {
+        let value = pb::Value {
+            pickle: Bytes::from_static(PICKLED_ONE),
+            buffers: vec![Bytes::from(vec![0u8; 64 * 1024])],
+        };
+        let reply = pb::ClosureReply {
+            closure_id: id,
+            outcome: Some(pb::closure_reply::Outcome::Result(value)),
+        };
+        sender.send(Outbound::Reply(reply)).unwrap();
+    }
+    drop(sender);
+    let (mut ids, mut counts) = (Vec::new(), Vec::new());
+    while let Some(message) = replies.next().await {
+        let message = message.unwrap();
+        assert!(
+            message.encoded_len() <= BATCH_MESSAGE_BYTES,
+            "a {}-byte message",
+            message.encoded_len()
+        );
+        counts.push(message.replies.len());
+        ids.extend(message.replies.iter().map(|reply| reply.closure_id));
+    }
+    assert_eq!(ids, (1..=20).collect::<Vec<_>>(), "in order, none lost");
+    // All twenty were waiting: gathered seven to a message, not twenty in one of 1.3 MB.
+    assert_eq!(counts, [7, 7, 6]);
+}
