@@ -185,6 +185,13 @@ impl FakeCluster {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
+    /// Makes worker `index` never accept its next `RunClosures` call (later ones open).
+    pub fn stall_next_stream(&self, index: usize) {
+        self.inner.workers[index]
+            .stall_next_stream
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Brings worker `index` back as a new process (new incarnation), holding nothing.
     pub fn restart(&self, index: usize) {
         self.inner.workers[index].restart();

@@ -188,6 +188,13 @@ impl WorkerTransport for FakeTransport {
         first: pb::RunClosuresRequest,
     ) -> Result<ClosureChannel, RpcError> {
         let (incarnation, live) = self.worker().begin("RunClosures", None)?;
+        if self
+            .worker()
+            .stall_next_stream
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            std::future::pending::<()>().await;
+        }
         Ok(stream::open(self, incarnation, live, first))
     }
 

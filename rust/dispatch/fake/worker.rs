@@ -31,6 +31,8 @@ pub(crate) struct FakeWorker {
     incarnation: watch::Sender<u64>,
     /// `RunClosures` streams open on this worker (their emulation still running).
     pub(super) streams: std::sync::atomic::AtomicUsize,
+    /// The next `RunClosures` call is never accepted (a worker frozen as it was called).
+    pub(super) stall_next_stream: std::sync::atomic::AtomicBool,
 }
 
 impl FakeWorker {
@@ -48,6 +50,7 @@ impl FakeWorker {
             }),
             incarnation: watch::Sender::new(1),
             streams: std::sync::atomic::AtomicUsize::new(0),
+            stall_next_stream: std::sync::atomic::AtomicBool::new(false),
         }
     }
 

@@ -364,8 +364,17 @@ impl<T: WorkerTransport> Link<T> {
             lease_ms: self.lease_ms(),
             ..pb::RunClosuresRequest::default()
         };
-        let Some(opened) = self.call(self.transport.run_closures(first)).await else {
+        // Bounded like a probe: a worker that takes longer to accept a stream (frozen, say)
+        // must not keep this link from taking work; unwatched, it is as before.
+        let opening = tokio::time::timeout(
+            self.shared.config.probe_timeout,
+            self.transport.run_closures(first),
+        );
+        let Some(opened) = self.call(opening).await else {
             return; // stopping
+        };
+        let Ok(opened) = opened else {
+            return; // not accepted within the probe timeout
         };
         match opened {
             Ok(channel) => self.pipeline.channel = Some(channel),

@@ -142,3 +142,47 @@ fn statuses_are_refreshed_on_demand_for_workers_that_are_up() {
     assert!(fresh < age, "{fresh:?} is not newer than {age:?}");
     assert_eq!(dispatcher.worker_statuses()[1].status, None);
 }
+
+/// A link opens its stream as soon as its worker comes up, before any work, so an idle
+/// worker's death shows at once (the stream ends), and again after it came back.
+#[test]
+fn an_idle_worker_is_watched_from_the_moment_it_comes_up() {
+    let cluster = FakeCluster::new(2);
+    let dispatcher = start(&cluster, fast_config());
+    for index in 0..2 {
+        wait_until("each worker has a stream open", || {
+            cluster.open_streams(index) == 1
+        });
+    }
+    for _ in 0..2 {
+        cluster.kill(1);
+        wait_until("the idle worker is seen down", || {
+            dispatcher.worker_statuses()[1].state != LinkState::Up
+        });
+        cluster.restart(1);
+        wait_until("it is watched again once back", || {
+            dispatcher.worker_statuses()[1].state == LinkState::Up && cluster.open_streams(1) == 1
+        });
+    }
+    assert_eq!(
+        dispatcher.metrics().completed,
+        0,
+        "no closure was needed to see it"
+    );
+}
+
+/// Watching is bounded like a probe: a worker that never accepts that first stream does
+/// not keep its link from taking work once the probe timeout has passed.
+#[test]
+fn a_worker_that_never_accepts_the_watching_stream_still_gets_work() {
+    let cluster = FakeCluster::new(1);
+    cluster.stall_next_stream(0);
+    let config = DispatcherConfig {
+        probe_timeout: Duration::from_millis(200),
+        ..fast_config()
+    };
+    let dispatcher = start(&cluster, config);
+    let echo = function(&dispatcher, "echo");
+    let cell = dispatcher.schedule(&echo, args("after"), &[]).unwrap();
+    assert_eq!(value(&cell), args("after"));
+}
