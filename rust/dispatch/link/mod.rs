@@ -93,7 +93,6 @@ pub(crate) struct Link<T> {
     pipeline: Pipeline,
     /// Work taken while closures were outstanding that must wait until none is.
     held: Option<Work>,
-
     /// The worker answers heartbeats (protocol revision 4 or later, from `GetStatus`).
     heartbeats: bool,
     /// The worker's last `GetStatus.previous_exit`.
