@@ -42,16 +42,9 @@ pub fn chunk_bytes(max_message_bytes: usize) -> usize {
     CHUNK_BYTES.min(max_message_bytes / 2).max(1)
 }
 
-/// `encoded` cut into chunks for a peer accepting `max_message_bytes`; the first chunk
-/// names `method` (empty inside a stream). The chunks share `encoded`'s memory.
-pub fn split(encoded: &Bytes, max_message_bytes: usize, method: &str) -> Vec<pb::Chunk> {
-    let mut rope = Rope::default();
-    rope.push(encoded.clone());
-    cut(rope, max_message_bytes, method)
-}
-
-/// `message` encoded and cut into chunks (see [`split`]). Its large `bytes` fields are
-/// never copied: the encoding is kept as segments (`frames::Segments`) and a chunk never
+/// `message` encoded and cut into chunks for a peer accepting `max_message_bytes`; the
+/// first chunk names `method` (empty inside a stream). Its large `bytes` fields are never
+/// copied: the encoding is kept as segments (`frames::Segments`) and a chunk never
 /// spans two, so every chunk of a large array is a slice of the array. A 1 GiB value costs
 /// no whole-message encode (0.3–0.5 s per GiB here, during which nothing was sent, not
 /// even heartbeats).
@@ -286,7 +279,9 @@ mod tests {
                 .map(|i| (i % 251) as u8)
                 .collect::<Vec<_>>()
                 .into();
-            let chunks = split(&encoded, limit, "M");
+            let mut rope = Rope::default();
+            rope.push(encoded.clone());
+            let chunks = cut(rope, limit, "M");
             assert_eq!(chunks.len(), size.div_ceil(32).max(1), "{size}");
             assert_eq!(chunks[0].method, "M");
             assert!(chunks.iter().all(|c| c.data.len() <= 32));

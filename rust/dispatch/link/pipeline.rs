@@ -312,9 +312,7 @@ impl<T: WorkerTransport> Link<T> {
                 channel.send(message);
                 continue;
             }
-            message.halt_on_error = self.shared.config.error_policy == ErrorPolicy::CancelAll;
-            message.lease_ms = self.lease_ms();
-            if !self.open(message).await {
+            if !self.open(self.opening(message)).await {
                 return;
             }
         }
@@ -359,11 +357,7 @@ impl<T: WorkerTransport> Link<T> {
         if self.pipeline.channel.is_some() || !self.pipeline.outstanding.is_empty() {
             return;
         }
-        let first = pb::RunClosuresRequest {
-            halt_on_error: self.shared.config.error_policy == ErrorPolicy::CancelAll,
-            lease_ms: self.lease_ms(),
-            ..pb::RunClosuresRequest::default()
-        };
+        let first = self.opening(pb::RunClosuresRequest::default());
         // Bounded like a probe: a worker that takes longer to accept a stream (frozen, say)
         // must not keep this link from taking work; unwatched, it is as before.
         let opening = tokio::time::timeout(
@@ -388,6 +382,15 @@ impl<T: WorkerTransport> Link<T> {
                 // Otherwise (e.g. refused): the first closure sent opens the stream again
                 // and meets the error, as it would have without this.
             }
+        }
+    }
+
+    /// `first` with the options a stream is opened with (they apply to the whole stream).
+    fn opening(&self, first: pb::RunClosuresRequest) -> pb::RunClosuresRequest {
+        pb::RunClosuresRequest {
+            halt_on_error: self.shared.config.error_policy == ErrorPolicy::CancelAll,
+            lease_ms: self.lease_ms(),
+            ..first
         }
     }
 

@@ -27,10 +27,6 @@ fn start_with(
     (dispatcher, spare)
 }
 
-fn state(dispatcher: &Dispatcher, index: usize) -> LinkState {
-    dispatcher.worker_statuses()[index].state
-}
-
 fn runs_on(cluster: &FakeCluster, worker: usize) -> usize {
     cluster
         .calls(worker)

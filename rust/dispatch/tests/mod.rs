@@ -68,6 +68,11 @@ pub(super) fn args(text: &str) -> EncodedValue {
     }
 }
 
+/// The state of worker `index`'s link.
+pub(super) fn state(dispatcher: &Dispatcher, index: usize) -> super::LinkState {
+    dispatcher.worker_statuses()[index].state
+}
+
 /// Polls `condition` until it holds, failing the test after [`PATIENCE`].
 pub(super) fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     let give_up = Instant::now() + PATIENCE;

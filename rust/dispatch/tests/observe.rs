@@ -157,11 +157,11 @@ fn an_idle_worker_is_watched_from_the_moment_it_comes_up() {
     for _ in 0..2 {
         cluster.kill(1);
         wait_until("the idle worker is seen down", || {
-            dispatcher.worker_statuses()[1].state != LinkState::Up
+            state(&dispatcher, 1) != LinkState::Up
         });
         cluster.restart(1);
         wait_until("it is watched again once back", || {
-            dispatcher.worker_statuses()[1].state == LinkState::Up && cluster.open_streams(1) == 1
+            state(&dispatcher, 1) == LinkState::Up && cluster.open_streams(1) == 1
         });
     }
     assert_eq!(

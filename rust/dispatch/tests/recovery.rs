@@ -7,10 +7,6 @@ use super::*;
 use crate::dispatch::fake::FakeCall;
 use crate::dispatch::{ErrorPolicy, LinkState, ResourceState};
 
-fn state(dispatcher: &Dispatcher, worker: usize) -> LinkState {
-    dispatcher.worker_statuses()[worker].state
-}
-
 #[test]
 fn a_closure_whose_worker_dies_runs_elsewhere_and_the_worker_is_used_again() {
     let cluster = FakeCluster::new(2);
