@@ -13,11 +13,11 @@
 //! - ready: from `Dispatcher::new` until every link is `up`;
 //! - closures/s for rounds of trivial closures (scheduled back to back, then joined), the
 //!   median of 3 rounds, and the coordinator process's CPU time per closure over them. A
-//!   round is 20,000 closures or 100 per worker if that is more: a round of 20 per worker
-//!   at 1,000 workers is mostly the filling and draining of 1,000 pipelines 17 deep (each
-//!   link starts with one closure while others are idle), which measures the burst's
-//!   length more than the dispatch rate (that shape gave 108-145k/s on this machine where
-//!   100 per worker gives 150-215k/s);
+//!   round is 20,000 closures, or five pipelines' worth per worker if that is more (5 ×
+//!   (1 + the default depth of 64) = 325 per worker at 1,000 workers): a shorter round is
+//!   mostly the filling and draining of 1,000 pipelines (each link starts with one closure
+//!   while others are idle), which measures the burst's length more than the dispatch rate
+//!   (with 100 per worker, 300-335k/s on this machine where 325 gives 365-375k/s);
 //! - the coordinator's threads and resident memory per worker, minus the process before
 //!   the dispatcher existed: once every link is up (`idle`: links, connections and their
 //!   open streams) and after the rounds (which adds what the queued closures left in the
@@ -43,9 +43,10 @@ use _core::worker::{JobReply, JobRequest, Pop, WorkerConfig, WorkerServer};
 const TOKEN: &str = "scale-bench-token";
 /// A pickle-shaped payload, as the worker checks.
 const ECHO: &[u8] = b"\x80\x05\x8c\x04echo\x94.";
-/// The smallest round, and the closures per worker in a round of many workers.
+/// The smallest round.
 const CLOSURES: usize = 20_000;
-const CLOSURES_PER_WORKER: usize = 100;
+/// Pipelines' worth of closures per worker in a round of many workers.
+const PIPELINES_PER_ROUND: usize = 5;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -266,7 +267,8 @@ fn measure(size: usize) {
         pickle: Bytes::from_static(b"\x80\x05K\x01."),
         buffers: vec![],
     };
-    let closures = CLOSURES.max(CLOSURES_PER_WORKER * size);
+    let per_worker = PIPELINES_PER_ROUND * (1 + DispatcherConfig::default().pipeline_depth);
+    let closures = CLOSURES.max(per_worker * size);
     let mut rates = Vec::new();
     let cpu_before = cpu_seconds();
     for _ in 0..3 {

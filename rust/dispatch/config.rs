@@ -13,7 +13,11 @@ pub const DEFAULT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// Closures a busy worker may have queued behind its running one when no worker is idle
 /// (see `link/pipeline.rs` for the measurements behind the number).
-pub const DEFAULT_PIPELINE_DEPTH: usize = 16;
+pub const DEFAULT_PIPELINE_DEPTH: usize = 64;
+/// Argument bytes a busy worker may have outstanding before its link stops pipelining: a
+/// deep pipeline is for small closures, whose cost is per message; large arguments keep a
+/// worker busy with two or three queued, and 64 of them would be gigabytes held on it.
+pub const DEFAULT_PIPELINE_BYTES: usize = 32 * 1024 * 1024;
 /// How long a worker running closures may stay silent before it is declared failed
 /// (`JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC`): a frozen or cut-off worker is noticed this fast.
 pub const DEFAULT_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -106,6 +110,9 @@ pub struct DispatcherConfig {
     /// Closures a busy worker may have queued behind its running one, sent only while no
     /// worker is idle; 0 turns pipelining off. Ignored (0) under `closure_timeout`.
     pub pipeline_depth: usize,
+    /// Argument bytes (pickles and buffers) a link may have outstanding on its worker and
+    /// still pipeline another closure; an idle link sends what it takes, whatever its size.
+    pub pipeline_bytes: usize,
     /// Reports about one ps task at which its failure stops being transient (TF's
     /// `TF_COORDINATOR_IGNORE_TRANSIENT_PS_FAILURES`); 0 treats every report as lasting.
     pub transient_ps_failures: u32,
@@ -137,6 +144,7 @@ impl Default for DispatcherConfig {
             backoff: BackoffConfig::default(),
             probe_timeout: Duration::from_secs(5),
             pipeline_depth: DEFAULT_PIPELINE_DEPTH,
+            pipeline_bytes: DEFAULT_PIPELINE_BYTES,
             transient_ps_failures: DEFAULT_TRANSIENT_PS_FAILURES,
             heartbeat_timeout: Some(DEFAULT_HEARTBEAT_TIMEOUT),
             max_closure_retries: Some(DEFAULT_MAX_CLOSURE_RETRIES),

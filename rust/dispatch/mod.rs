@@ -8,10 +8,11 @@
 //!   addresses, in order: index = worker index).
 //! - A link feeds its worker closures over one `RunClosures` stream. An idle link (nothing
 //!   outstanding) blocks on the queue and sends what it gets; a busy link may queue up to
-//!   `pipeline_depth` more on its worker, several per message, only while **no link is
-//!   idle** — the contract's bounded pipelining — and takes them back (`return_queued`)
-//!   when a link goes idle and finds the queue empty, so dispatch stays work-conserving as
-//!   TF's: a closure never waits behind another on a busy worker while a worker is idle.
+//!   `pipeline_depth` more on its worker (while their arguments hold less than
+//!   `pipeline_bytes`), several per message, only while **no link is idle** — the
+//!   contract's bounded pipelining — and takes them back (`return_queued`) when a link
+//!   goes idle and finds the queue empty, so dispatch stays work-conserving as TF's: a
+//!   closure never waits behind another on a busy worker while a worker is idle.
 //!   A link is one state machine, its parts together in `link/`: the rule and its
 //!   memory-ordering argument in `link/balance.rs`, the stream, the reclaiming and the
 //!   measurements behind the depth in `link/pipeline.rs`, recovery in `link/recovery.rs`.

@@ -16,6 +16,13 @@ pub struct EncodedValue {
     pub buffers: Vec<Bytes>,
 }
 
+impl EncodedValue {
+    /// Bytes it holds: the pickle and every buffer.
+    pub fn byte_len(&self) -> usize {
+        self.pickle.len() + self.buffers.iter().map(Bytes::len).sum::<usize>()
+    }
+}
+
 /// How a closure ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {

@@ -5,8 +5,9 @@
 //! # Pipelining, and why it stays work-conserving
 //!
 //! An idle link (nothing outstanding) blocks on the queue and sends the closure it gets.
-//! A busy link may send more — up to `1 + pipeline_depth` outstanding, several per
-//! message — only while **no link is idle**: it takes closures without waiting
+//! A busy link may send more — up to `1 + pipeline_depth` outstanding and while their
+//! arguments hold less than `pipeline_bytes`, several per message — only while **no link
+//! is idle**: it takes closures without waiting
 //! (`try_get`), and only between two answers of its worker. Two rules keep a closure from
 //! waiting behind another on a busy worker while some worker is idle:
 //!

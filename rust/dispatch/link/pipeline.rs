@@ -20,9 +20,24 @@
 //! | 16 | 72,000/s, 25 us | 29,000/s, 66 us |
 //! | 64 | 68,000/s, 26 us | 26,000/s, 76 us |
 //!
-//! Past 8 the gain is within the noise; 16 is the default. Refilling only once half the
-//! pipeline has drained (bigger messages, fewer of them) made no difference that the noise
-//! did not swamp, so a link refills after every message of answers.
+//! Past 8 the gain was within the noise on two workers, and 16 was the default until the
+//! 1,000-worker bench (`benches/scale.rs`) showed what a deeper pipeline buys once messages
+//! are the cost: each message carries more closures, and every connection is touched less
+//! often. Depth 16 against 64, interleaved runs on one day:
+//!
+//! | bench | 16 | 64 |
+//! |---|---|---|
+//! | `scale`, 10 / 1,000 Rust echo workers | 214-301k / 161-166k per s | 331-386k / 283-308k per s |
+//! | `coordinator_bench.py`, trivial, many in flight / sustained 3 s | 56-63k / 56-78k per s | 75-77k / 89-90k per s |
+//! | `coordinator_bench.py`, small-array, many in flight | 23-26k per s | 26-30k per s |
+//! | `wire_bench.py`, 64 KiB in and out | 9.5-11.7k per s | 10.5-12.6k per s |
+//!
+//! 64 is the default. A deep pipeline is for small closures; a link also stops pipelining
+//! once the arguments it has outstanding reach `pipeline_bytes` (32 MiB by default), so 64
+//! large arrays are never stacked on one worker (at depth 16, seventeen 16 MiB arguments
+//! could be). Refilling only once half the pipeline has drained (bigger messages, fewer of
+//! them) made no difference that the noise did not swamp, so a link refills after every
+//! message of answers.
 //!
 //! # Failures
 //!
@@ -66,12 +81,71 @@ pub(super) struct Sent {
     pub registered_again: bool,
 }
 
+/// The closures sent on a stream and not answered yet, in the order sent, with the bytes of
+/// their arguments counted as they come and go (the pipelining budget reads it once per
+/// top-up; summing it there walked every closure's arguments, 1 % of the coordinator's CPU
+/// at 1,000 workers).
+#[derive(Default)]
+pub(super) struct Outstanding {
+    sent: VecDeque<Sent>,
+    bytes: usize,
+}
+
+impl Outstanding {
+    pub fn len(&self) -> usize {
+        self.sent.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sent.is_empty()
+    }
+
+    /// Argument bytes (pickles and buffers) of what is outstanding.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn iter(&self) -> std::collections::vec_deque::Iter<'_, Sent> {
+        self.sent.iter()
+    }
+
+    pub fn front(&self) -> Option<&Sent> {
+        self.sent.front()
+    }
+
+    pub fn front_mut(&mut self) -> Option<&mut Sent> {
+        self.sent.front_mut()
+    }
+
+    pub fn push_back(&mut self, sent: Sent) {
+        self.bytes += sent.closure.args.byte_len();
+        self.sent.push_back(sent);
+    }
+
+    pub fn pop_front(&mut self) -> Option<Sent> {
+        let sent = self.sent.pop_front()?;
+        self.bytes -= sent.closure.args.byte_len();
+        Some(sent)
+    }
+
+    pub fn remove(&mut self, index: usize) -> Option<Sent> {
+        let sent = self.sent.remove(index)?;
+        self.bytes -= sent.closure.args.byte_len();
+        Some(sent)
+    }
+
+    /// Everything outstanding, leaving nothing.
+    pub fn take(&mut self) -> VecDeque<Sent> {
+        self.bytes = 0;
+        std::mem::take(&mut self.sent)
+    }
+}
+
 /// The stream and what is outstanding on it.
 #[derive(Default)]
 pub(super) struct Pipeline {
     pub channel: Option<ClosureChannel>,
-    /// In the order sent.
-    pub outstanding: VecDeque<Sent>,
+    pub outstanding: Outstanding,
     /// The worker halted the stream after an error: the next message carries `resume`.
     resume: bool,
     /// The worker refused a closure with `UNAVAILABLE` (it is shutting down): send nothing
@@ -216,8 +290,15 @@ impl<T: WorkerTransport> Link<T> {
     /// slip into this link's pipeline.
     pub(super) async fn send_with_top_up(&mut self, mut batch: Vec<Closure>) {
         let capacity = self.capacity();
+        let budget = self.shared.config.pipeline_bytes;
+        let mut bytes = self.pipeline.outstanding.bytes()
+            + batch
+                .iter()
+                .map(|closure| closure.args.byte_len())
+                .sum::<usize>();
         while self.held.is_none()
             && self.pipeline.outstanding.len() + batch.len() < capacity
+            && bytes < budget
             && !batch.iter().any(Closure::runs_alone)
             && self.may_pipeline()
         {
@@ -260,6 +341,7 @@ impl<T: WorkerTransport> Link<T> {
                 self.settle(closure, verdict);
                 return;
             }
+            bytes += closure.args.byte_len();
             batch.push(closure);
         }
         self.send(batch).await;
@@ -616,7 +698,7 @@ impl<T: WorkerTransport> Link<T> {
             return;
         }
         let failure = ClosureFailure::from_rpc(error, self.address());
-        for sent in std::mem::take(&mut self.pipeline.outstanding) {
+        for sent in self.pipeline.outstanding.take() {
             self.finish(sent.closure, Err(failure.clone()));
         }
         self.publish(0);
@@ -628,7 +710,7 @@ impl<T: WorkerTransport> Link<T> {
     pub(super) fn forget_pipeline(&mut self) -> usize {
         let limit = self.shared.config.max_closure_retries;
         let mut put_back = 0;
-        for sent in std::mem::take(&mut self.pipeline.outstanding) {
+        for sent in self.pipeline.outstanding.take() {
             if deaths::exhausted(&sent.closure, limit) {
                 // Failed once its post-mortem is in (`liveness.rs`).
                 self.doomed.push(sent.closure);
@@ -649,7 +731,7 @@ impl<T: WorkerTransport> Link<T> {
     /// The dispatcher is stopping: everything outstanding or held is put back (so
     /// cancelled, the queue being stopped).
     pub(super) fn abandon(&mut self) {
-        for sent in std::mem::take(&mut self.pipeline.outstanding) {
+        for sent in self.pipeline.outstanding.take() {
             self.put_back(sent.closure);
         }
         for closure in std::mem::take(&mut self.doomed) {

@@ -226,3 +226,63 @@ fn per_closure_lets_pipelined_closures_run_after_an_error() {
     }
     join(&dispatcher);
 }
+
+#[test]
+fn a_busy_link_stops_pipelining_once_its_byte_budget_is_outstanding() {
+    let cluster = FakeCluster::new(2);
+    let dispatcher = start(
+        &cluster,
+        DispatcherConfig {
+            pipeline_bytes: 4096,
+            ..fast_config()
+        },
+    );
+    let first = function(&dispatcher, "gate:first");
+    let other = function(&dispatcher, "gate:other");
+    let held_fn = function(&dispatcher, "gate:held");
+    let echo = function(&dispatcher, "echo");
+    for _ in 0..4 {
+        value(&dispatcher.schedule(&echo, args("warm"), &[]).unwrap());
+    }
+    dispatcher.schedule(&first, args("first"), &[]).unwrap();
+    let w = busy_worker(&cluster, 2, None);
+    dispatcher.schedule(&other, args("other"), &[]).unwrap();
+    busy_worker(&cluster, 2, Some(w));
+    let held = dispatcher.schedule(&held_fn, args("held"), &[]).unwrap();
+    // Ten closures of 1,027 bytes each: behind `held` (10 bytes), the fourth brings what
+    // is outstanding to 4,118 bytes, over the 4,096 budget, well under the depth of 64.
+    let big = |i: usize| EncodedValue {
+        pickle: Bytes::from(format!("big{i}")),
+        buffers: vec![Bytes::from(vec![u8::try_from(i).unwrap(); 1023])],
+    };
+    let cells: Vec<_> = (0..10)
+        .map(|i| dispatcher.schedule(&echo, big(i), &[]).unwrap())
+        .collect();
+    cluster.open_gate("first");
+    // The link took what it sends before sending it: once w has the first four, the
+    // queue shows what the top-up left.
+    wait_until("the held closure and four behind it reach w", || {
+        let received = cluster.received(w);
+        received.contains(&held.id()) && ids(&cells)[..4].iter().all(|id| received.contains(id))
+    });
+    assert_eq!(
+        dispatcher.metrics().queued,
+        6,
+        "six closures wait in the queue, not on w"
+    );
+    let received = cluster.received(w);
+    for cell in &cells[4..] {
+        assert!(
+            !received.contains(&cell.id()),
+            "closure {} pipelined past the byte budget",
+            cell.id()
+        );
+    }
+    cluster.open_gate("held");
+    cluster.open_gate("other");
+    value(&held);
+    for (i, cell) in cells.iter().enumerate() {
+        assert_eq!(value(cell), big(i), "closure {i} echoes its argument");
+    }
+    join(&dispatcher);
+}
