@@ -185,7 +185,8 @@ impl FakeCluster {
             .load(std::sync::atomic::Ordering::SeqCst)
     }
 
-    /// Makes worker `index` never accept its next `RunClosures` call (later ones open).
+    /// Makes worker `index` not accept its next `RunClosures` call until gate `streams`
+    /// opens (later calls are accepted).
     pub fn stall_next_stream(&self, index: usize) {
         self.inner.workers[index]
             .stall_next_stream

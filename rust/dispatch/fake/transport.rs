@@ -193,7 +193,9 @@ impl WorkerTransport for FakeTransport {
             .stall_next_stream
             .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
-            std::future::pending::<()>().await;
+            // Until the test opens gate `streams` (never, for most).
+            let mut gate = self.cluster.gate("streams");
+            let _ = gate.wait_for(|open| *open).await;
         }
         Ok(stream::open(self, incarnation, live, first))
     }

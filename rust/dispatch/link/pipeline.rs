@@ -51,6 +51,7 @@
 //! guarantees), and the link times the one closure outstanding itself.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
@@ -478,10 +479,44 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Opens the stream with `first`; `false` if that failed (the outstanding closures
     /// were then settled or put back).
+    ///
+    /// Bounded as a running worker's silence is: a worker that has not accepted the stream
+    /// within the heartbeat timeout is probed; one that does not answer the probe either
+    /// (frozen, cut off) has failed and its closures go back to the queue, while one that
+    /// answers is slow, not gone, and is waited for. Unbounded, a worker frozen with its
+    /// connection open held its closures until HTTP/2's keepalive gave up (about 35 s).
     async fn open(&mut self, first: pb::RunClosuresRequest) -> bool {
-        let Some(opened) = self.call(self.transport.run_closures(first)).await else {
-            self.abandon();
-            return false;
+        let transport = Arc::clone(&self.transport);
+        let opening = transport.run_closures(first);
+        tokio::pin!(opening);
+        // The configured timeout, whatever the worker's protocol: accepting a stream is not
+        // a heartbeat, and the probe decides.
+        let bound = self.shared.config.heartbeat_timeout;
+        let opened = loop {
+            let attempt = async {
+                match bound {
+                    Some(bound) => tokio::time::timeout(bound, &mut opening).await.ok(),
+                    None => Some((&mut opening).await),
+                }
+            };
+            let Some(outcome) = self.call(attempt).await else {
+                self.abandon();
+                return false;
+            };
+            if let Some(opened) = outcome {
+                break opened;
+            }
+            if self.worker_lost().await {
+                let error = RpcError::DeadlineExceeded(format!(
+                    "worker {} accepted no RunClosures stream within {:.1} s and did not \
+                     answer a status probe",
+                    self.address(),
+                    bound.unwrap_or_default().as_secs_f64()
+                ));
+                // A closure in the first message may have reached the worker: charged.
+                self.stream_failed(&error, true).await;
+                return false;
+            }
         };
         match opened {
             Ok(channel) => {

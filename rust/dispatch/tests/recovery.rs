@@ -265,3 +265,83 @@ fn an_idle_link_notices_its_worker_die_without_work_to_send() {
     });
     assert_eq!(state(&dispatcher, 0), LinkState::Up);
 }
+
+/// How many `method` calls worker `index` has received.
+fn calls_of(cluster: &FakeCluster, index: usize, method: &str) -> usize {
+    cluster
+        .calls(index)
+        .iter()
+        .filter(|call| call.method == method)
+        .count()
+}
+
+/// One worker whose link came up without its watching stream (the worker never accepted
+/// it), then a closure whose stream's opening the worker stalls too. Returns the closure.
+fn a_closure_stalled_in_its_stream_opening(
+    cluster: &FakeCluster,
+    dispatcher: &Dispatcher,
+) -> Arc<ResultCell> {
+    wait_until("the watching stream was asked for", || {
+        calls_of(cluster, 0, "RunClosures") == 1
+    });
+    cluster.stall_next_stream(0);
+    let echo = function(dispatcher, "echo");
+    let cell = dispatcher.schedule(&echo, args("stalled"), &[]).unwrap();
+    wait_until("the closure's stream was asked for", || {
+        calls_of(cluster, 0, "RunClosures") == 2
+    });
+    cell
+}
+
+fn stalling_config() -> DispatcherConfig {
+    DispatcherConfig {
+        probe_timeout: Duration::from_millis(200),
+        heartbeat_timeout: Some(Duration::from_millis(300)),
+        ..fast_config()
+    }
+}
+
+#[test]
+fn a_worker_frozen_before_accepting_a_stream_is_failed_and_its_closure_runs_again() {
+    let cluster = FakeCluster::new(1);
+    cluster.stall_next_stream(0);
+    let dispatcher = start(&cluster, stalling_config());
+    let cell = a_closure_stalled_in_its_stream_opening(&cluster, &dispatcher);
+    // It stops answering anything: the probe after the heartbeat timeout gets no answer.
+    cluster.kill(0);
+    wait_until("the worker is seen failed", || {
+        dispatcher.metrics().worker_failures == 1
+    });
+    assert_ne!(state(&dispatcher, 0), LinkState::Up);
+    cluster.restart(0);
+    assert_eq!(value(&cell), args("stalled"));
+    assert_eq!(
+        dispatcher.metrics().retried,
+        1,
+        "its closure was put back once"
+    );
+    join(&dispatcher);
+}
+
+#[test]
+fn a_worker_slow_to_accept_a_stream_but_answering_probes_keeps_its_closure() {
+    let cluster = FakeCluster::new(1);
+    cluster.stall_next_stream(0);
+    let dispatcher = start(&cluster, stalling_config());
+    let cell = a_closure_stalled_in_its_stream_opening(&cluster, &dispatcher);
+    let probes = calls_of(&cluster, 0, "GetStatus");
+    wait_until("the link probes the worker that has not accepted", || {
+        calls_of(&cluster, 0, "GetStatus") > probes + 1
+    });
+    assert_eq!(
+        state(&dispatcher, 0),
+        LinkState::Up,
+        "it answers: not failed"
+    );
+    cluster.open_gate("streams");
+    assert_eq!(value(&cell), args("stalled"));
+    let metrics = dispatcher.metrics();
+    assert_eq!((metrics.worker_failures, metrics.retried), (0, 0));
+    assert_eq!(ran_on(&cluster, cell.id()), [0]);
+    join(&dispatcher);
+}
