@@ -1,7 +1,8 @@
 //! Unit tests of the job queue: order, one job at a time, drops, draining.
 
 use super::*;
-use crate::rpc::pb::FunctionKind;
+use crate::rpc::pb::{self, FunctionKind};
+use crate::worker::store::StoredFunction;
 
 fn run_request(closure_id: u64) -> JobRequest {
     JobRequest::Run {
