@@ -276,37 +276,32 @@ fn calls_of(cluster: &FakeCluster, index: usize, method: &str) -> usize {
 }
 
 /// One worker whose link came up without its watching stream (the worker never accepted
-/// it), then a closure whose stream's opening the worker stalls too. Returns the closure.
-fn a_closure_stalled_in_its_stream_opening(
-    cluster: &FakeCluster,
-    dispatcher: &Dispatcher,
-) -> Arc<ResultCell> {
-    wait_until("the watching stream was asked for", || {
-        calls_of(cluster, 0, "RunClosures") == 1
-    });
+/// it), then a closure whose stream's opening the worker stalls too; heartbeat timeout
+/// 300 ms. Returns the cluster, its dispatcher and the closure.
+fn a_closure_stalled_in_its_stream_opening() -> (FakeCluster, Dispatcher, Arc<ResultCell>) {
+    let cluster = FakeCluster::new(1);
     cluster.stall_next_stream(0);
-    let echo = function(dispatcher, "echo");
-    let cell = dispatcher.schedule(&echo, args("stalled"), &[]).unwrap();
-    wait_until("the closure's stream was asked for", || {
-        calls_of(cluster, 0, "RunClosures") == 2
-    });
-    cell
-}
-
-fn stalling_config() -> DispatcherConfig {
-    DispatcherConfig {
+    let config = DispatcherConfig {
         probe_timeout: Duration::from_millis(200),
         heartbeat_timeout: Some(Duration::from_millis(300)),
         ..fast_config()
-    }
+    };
+    let dispatcher = start(&cluster, config);
+    wait_until("the watching stream was asked for", || {
+        calls_of(&cluster, 0, "RunClosures") == 1
+    });
+    cluster.stall_next_stream(0);
+    let echo = function(&dispatcher, "echo");
+    let cell = dispatcher.schedule(&echo, args("stalled"), &[]).unwrap();
+    wait_until("the closure's stream was asked for", || {
+        calls_of(&cluster, 0, "RunClosures") == 2
+    });
+    (cluster, dispatcher, cell)
 }
 
 #[test]
 fn a_worker_frozen_before_accepting_a_stream_is_failed_and_its_closure_runs_again() {
-    let cluster = FakeCluster::new(1);
-    cluster.stall_next_stream(0);
-    let dispatcher = start(&cluster, stalling_config());
-    let cell = a_closure_stalled_in_its_stream_opening(&cluster, &dispatcher);
+    let (cluster, dispatcher, cell) = a_closure_stalled_in_its_stream_opening();
     // It stops answering anything: the probe after the heartbeat timeout gets no answer.
     cluster.kill(0);
     wait_until("the worker is seen failed", || {
@@ -325,10 +320,7 @@ fn a_worker_frozen_before_accepting_a_stream_is_failed_and_its_closure_runs_agai
 
 #[test]
 fn a_worker_slow_to_accept_a_stream_but_answering_probes_keeps_its_closure() {
-    let cluster = FakeCluster::new(1);
-    cluster.stall_next_stream(0);
-    let dispatcher = start(&cluster, stalling_config());
-    let cell = a_closure_stalled_in_its_stream_opening(&cluster, &dispatcher);
+    let (cluster, dispatcher, cell) = a_closure_stalled_in_its_stream_opening();
     let probes = calls_of(&cluster, 0, "GetStatus");
     wait_until("the link probes the worker that has not accepted", || {
         calls_of(&cluster, 0, "GetStatus") > probes + 1
