@@ -184,9 +184,9 @@ impl<T: WorkerTransport> Link<T> {
                 LinkState::Up if !self.pipeline.outstanding.is_empty() => {
                     self.await_answers().await;
                 }
-                LinkState::Up
-                    if std::mem::take(&mut self.pipeline.unwatched) && self.held.is_none() =>
-                {
+                // Held work first; the flag stays set until the watch is made.
+                LinkState::Up if self.pipeline.unwatched && self.held.is_none() => {
+                    self.pipeline.unwatched = false;
                     self.watch_idle_worker().await;
                 }
                 LinkState::Up => {
