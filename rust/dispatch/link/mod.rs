@@ -10,6 +10,7 @@
 //!   and what a worker's error for it means (its `Verdict`).
 //! - `pipeline.rs`: the `RunClosures` stream, the closures outstanding on it, sending more
 //!   while busy, reading answers, reclaiming.
+//! - `outstanding.rs`: what is outstanding on the stream, and its arguments' bytes.
 //! - `balance.rs`: `Balance`, the counters and flags links share so that
 //!   pipelining stays work-conserving, with the memory-ordering argument.
 //! - `recovery.rs`: the state machine off the happy path (worker failed, probing with
@@ -23,6 +24,7 @@
 pub(crate) mod balance;
 mod execute;
 mod liveness;
+mod outstanding;
 mod pipeline;
 mod recovery;
 

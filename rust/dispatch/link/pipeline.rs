@@ -50,13 +50,13 @@
 //! off (an execution's clock must start when it starts, which only an idle worker
 //! guarantees), and the link times the one closure outstanding itself.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
 
 use super::execute::Verdict;
+use super::outstanding::{Outstanding, Sent};
 use super::{until_stopped, Link};
 use crate::dispatch::closure::{Closure, Work};
 use crate::dispatch::config::ErrorPolicy;
@@ -71,76 +71,6 @@ use crate::rpc::{pb, ClosureChannel, RpcError};
 
 /// What wrapping one closure in a `RunClosuresRequest` adds at most (tag and length).
 const REQUEST_FRAMING: usize = 16;
-
-/// A closure sent on the stream and not answered yet.
-pub(super) struct Sent {
-    pub closure: Closure,
-    /// When it was sent (its execution clock under `closure_timeout`, nothing being
-    /// queued before it then).
-    pub since: Instant,
-    /// Its function was registered again after a `NOT_FOUND` (done at most once).
-    pub registered_again: bool,
-}
-
-/// The closures sent on a stream and not answered yet, in the order sent, with the bytes of
-/// their arguments counted as they come and go (the pipelining budget reads it once per
-/// top-up; summing it there walked every closure's arguments, 1 % of the coordinator's CPU
-/// at 1,000 workers).
-#[derive(Default)]
-pub(super) struct Outstanding {
-    sent: VecDeque<Sent>,
-    bytes: usize,
-}
-
-impl Outstanding {
-    pub fn len(&self) -> usize {
-        self.sent.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.sent.is_empty()
-    }
-
-    /// Argument bytes (pickles and buffers) of what is outstanding.
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    pub fn iter(&self) -> std::collections::vec_deque::Iter<'_, Sent> {
-        self.sent.iter()
-    }
-
-    pub fn front(&self) -> Option<&Sent> {
-        self.sent.front()
-    }
-
-    pub fn front_mut(&mut self) -> Option<&mut Sent> {
-        self.sent.front_mut()
-    }
-
-    pub fn push_back(&mut self, sent: Sent) {
-        self.bytes += sent.closure.args.byte_len();
-        self.sent.push_back(sent);
-    }
-
-    pub fn pop_front(&mut self) -> Option<Sent> {
-        let sent = self.sent.pop_front()?;
-        self.bytes -= sent.closure.args.byte_len();
-        Some(sent)
-    }
-
-    pub fn remove(&mut self, index: usize) -> Option<Sent> {
-        let sent = self.sent.remove(index)?;
-        self.bytes -= sent.closure.args.byte_len();
-        Some(sent)
-    }
-
-    /// Everything outstanding, leaving nothing.
-    pub fn take(&mut self) -> VecDeque<Sent> {
-        self.bytes = 0;
-        std::mem::take(&mut self.sent)
-    }
-}
 
 /// The stream and what is outstanding on it.
 #[derive(Default)]
