@@ -602,6 +602,14 @@ impl Dispatcher {
         result.map_err(from_queue)
     }
 
+    /// Work queued for worker `index` alone (resource builds and releases), for tests.
+    #[cfg(test)]
+    pub(crate) fn queued_for(&self, index: usize) -> usize {
+        self.shared
+            .queue
+            .tagged_len(crate::queue::Tag::try_from(index).unwrap_or(crate::queue::Tag::MAX))
+    }
+
     /// Gauges, counters, worker states and the latency histogram, right now.
     pub fn metrics(&self) -> MetricsSnapshot {
         let shared = &self.shared;

@@ -685,9 +685,17 @@ impl<T: WorkerTransport> Link<T> {
             }
         }
         self.publish(0);
-        if let Some(Work::Closure(closure)) = self.held.take() {
-            self.requeue(closure);
-            put_back += 1;
+        match self.held.take() {
+            Some(Work::Closure(closure)) => {
+                self.requeue(closure);
+                put_back += 1;
+            }
+            // Built again with every live resource once the worker answers (`reconnected`).
+            Some(Work::CreateResource { .. }) | None => {}
+            // Still owed once the worker answers: served first then. A release dropped
+            // here left the resource allocated on a worker that came back as the same
+            // process.
+            other => self.held = other,
         }
         self.pipeline = Pipeline::default();
         put_back

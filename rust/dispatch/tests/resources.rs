@@ -115,3 +115,62 @@ fn resources_of_another_dispatcher_are_refused() {
         "{refused}"
     );
 }
+
+/// A busy link that takes its worker's release while topping up holds it until its
+/// pipeline drains; if the worker fails meanwhile, the release is still owed and is sent
+/// once the worker answers again (it was dropped, leaving the resource allocated on a
+/// worker that came back as the same process).
+#[test]
+fn a_release_taken_while_pipelining_is_still_sent_after_its_worker_fails() {
+    let cluster = FakeCluster::new(2);
+    let dispatcher = start(&cluster, fast_config());
+    let make = function(&dispatcher, "resource");
+    let resource = dispatcher.create_resource(&make, true).unwrap();
+    wait_until("built on both workers", || {
+        (0..2).all(|w| resource.state(w) == ResourceState::Ready)
+    });
+    let [first, other, held, second] =
+        ["gate:first", "gate:other", "gate:held", "gate:second"].map(|f| function(&dispatcher, f));
+    dispatcher.schedule(&first, args("first"), &[]).unwrap();
+    let mut w = 0;
+    wait_until("a worker runs the first closure", || {
+        w = usize::from(cluster.running(1) == 1);
+        cluster.running(w) == 1
+    });
+    let other_cell = dispatcher.schedule(&other, args("other"), &[]).unwrap();
+    wait_until("the other worker is busy too", || {
+        cluster.running(1 - w) == 1
+    });
+    let held_cell = dispatcher.schedule(&held, args("held"), &[]).unwrap();
+    let second_cell = dispatcher.schedule(&second, args("second"), &[]).unwrap();
+    // w answers; no worker is idle, so its link sends `held` with `second` behind it.
+    cluster.open_gate("first");
+    wait_until("held runs on w with second queued behind it", || {
+        cluster.received(w).contains(&second_cell.id()) && cluster.running(w) == 1
+    });
+    resource.release();
+    // w answers `held` while `second` is outstanding: the link tops up and takes the
+    // release for w, to serve once its pipeline has drained.
+    cluster.open_gate("held");
+    wait_until("w's link took its release", || {
+        dispatcher.queued_for(w) == 0
+    });
+    cluster.kill(w);
+    wait_until("w is seen failed", || {
+        dispatcher.metrics().worker_failures == 1
+    });
+    cluster.restart(w);
+    wait_until("the release is sent to w once it answers", || {
+        cluster.calls(w).iter().any(|call| {
+            call.method == "ReleaseResource"
+                && call.subject == Some(resource.id())
+                && call.incarnation == 2
+        })
+    });
+    cluster.open_gate("second");
+    cluster.open_gate("other");
+    for cell in [&held_cell, &second_cell, &other_cell] {
+        value(cell);
+    }
+    join(&dispatcher);
+}
