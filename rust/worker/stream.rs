@@ -74,7 +74,7 @@ pub(super) fn reply_channel(max_message_bytes: usize) -> (ReplySender, Arc<Lease
     let replies = Replies {
         receiver,
         held: None,
-        max_message_bytes,
+        batch_bytes: max_message_bytes.min(BATCH_MESSAGE_BYTES),
         lease: Arc::clone(&lease),
         end: None,
         ended: false,
@@ -312,13 +312,14 @@ impl std::fmt::Debug for ClosureStream {
     }
 }
 
-/// The response half of a `RunClosures` call: every answer ready when polled, in one
-/// message (up to the size limit).
+/// The response half of a `RunClosures` call: every answer ready when polled, gathered
+/// into messages of at most `BATCH_MESSAGE_BYTES` (or the message limit, if lower).
 pub struct Replies {
     receiver: mpsc::UnboundedReceiver<Outbound>,
     /// An answer that did not fit in the previous message.
     held: Option<pb::ClosureReply>,
-    max_message_bytes: usize,
+    /// Largest message answers are gathered into (one larger answer goes alone).
+    batch_bytes: usize,
     lease: Arc<Lease>,
     /// An error to end the response with, after the message being sent.
     end: Option<Status>,
@@ -372,7 +373,7 @@ impl Stream for Replies {
                 Err(_) => break,
             };
             let more = reply.encoded_len() + REPLY_FRAMING;
-            if size + more > self.max_message_bytes.min(BATCH_MESSAGE_BYTES) {
+            if size + more > self.batch_bytes {
                 self.held = Some(reply);
                 break;
             }

@@ -116,11 +116,7 @@ fn a_cluster_grows_from_2_to_4_and_shrinks_to_1_under_load_with_every_closure_ru
 fn an_added_worker_builds_every_live_resource_before_its_first_closure() {
     let cluster = FakeCluster::new(2);
     let (dispatcher, mut spare) = start_with(&cluster, 1, fast_config());
-    let make = function(&dispatcher, "resource");
-    let resource = dispatcher.create_resource(&make, true).unwrap();
-    wait_until("built on worker 0", || {
-        resource.state(0) == ResourceState::Ready
-    });
+    let resource = built_resource(&dispatcher, 1);
     assert_eq!(resource.num_workers(), 1);
     dispatcher
         .add_workers(vec![spare[1].take().unwrap()])
@@ -157,11 +153,7 @@ fn an_added_worker_builds_every_live_resource_before_its_first_closure() {
 fn a_removed_worker_releases_its_resources_and_its_index_is_not_reused() {
     let cluster = FakeCluster::new(3);
     let (dispatcher, mut spare) = start_with(&cluster, 2, fast_config());
-    let make = function(&dispatcher, "resource");
-    let resource = dispatcher.create_resource(&make, true).unwrap();
-    wait_until("built on both", || {
-        (0..2).all(|w| resource.state(w) == ResourceState::Ready)
-    });
+    let resource = built_resource(&dispatcher, 2);
     dispatcher.remove_workers(&[1]).unwrap();
     assert_eq!(state(&dispatcher, 1), LinkState::Removed);
     assert!(

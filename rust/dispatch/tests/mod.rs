@@ -22,7 +22,7 @@ use bytes::Bytes;
 use super::fake::FakeCluster;
 use super::{
     BackoffConfig, ClosureFailure, Dispatcher, DispatcherConfig, EncodedValue, FailureKind,
-    FunctionKind, Outcome, ResultCell,
+    FunctionKind, Outcome, PerWorkerResource, ResourceState, ResultCell,
 };
 use crate::rpc::content_hash;
 use tonic::Code;
@@ -59,6 +59,17 @@ pub(super) fn function(dispatcher: &Dispatcher, payload: &str) -> [u8; 32] {
         .register_function(&hash, FunctionKind::Cloudpickle, payload)
         .expect("function registers");
     hash
+}
+
+/// A per-worker resource of the fake `resource` function (rebuilt after a restart), once
+/// it is built on workers `0..workers`.
+pub(super) fn built_resource(dispatcher: &Dispatcher, workers: usize) -> PerWorkerResource {
+    let make = function(dispatcher, "resource");
+    let resource = dispatcher.create_resource(&make, true).unwrap();
+    wait_until("the resource is built", || {
+        (0..workers).all(|w| resource.state(w) == ResourceState::Ready)
+    });
+    resource
 }
 
 pub(super) fn args(text: &str) -> EncodedValue {

@@ -5,16 +5,14 @@
 use std::time::Duration;
 
 use super::*;
-use crate::dispatch::{LinkState, ResourceState};
+use crate::dispatch::LinkState;
 
 /// A worker restarts between two closures, unnoticed: the resource it held is gone. The
 /// dispatcher must see a new process, rebuild the resource and run the closure.
 fn rebuilt_after_an_unnoticed_restart(cluster: &FakeCluster) -> Dispatcher {
     let dispatcher = start(cluster, fast_config());
-    let make = function(&dispatcher, "resource");
     let echo = function(&dispatcher, "echo");
-    let resource = dispatcher.create_resource(&make, true).unwrap();
-    wait_until("built", || resource.state(0) == ResourceState::Ready);
+    let resource = built_resource(&dispatcher, 1);
     assert_eq!(
         value(&dispatcher.schedule(&echo, args("warm"), &[]).unwrap()),
         args("warm")

@@ -87,12 +87,8 @@ fn reconnection_backs_off_exponentially_up_to_the_cap() {
 fn resources_are_aborted_with_their_worker_and_rebuilt_before_it_serves() {
     let cluster = FakeCluster::new(1);
     let dispatcher = start(&cluster, fast_config());
-    let make = function(&dispatcher, "resource");
     let echo = function(&dispatcher, "echo");
-    let resource = dispatcher.create_resource(&make, true).unwrap();
-    wait_until("the resource is built", || {
-        resource.state(0) == ResourceState::Ready
-    });
+    let resource = built_resource(&dispatcher, 1);
     cluster.kill(0);
     let input = args(&format!("res:{}", resource.id()));
     let cell = dispatcher

@@ -7,12 +7,8 @@ use crate::dispatch::{DispatchError, FailureKind, ResourceState};
 fn a_resource_is_built_on_every_worker_and_released_on_each() {
     let cluster = FakeCluster::new(3);
     let dispatcher = start(&cluster, fast_config());
-    let make = function(&dispatcher, "resource");
-    let resource = dispatcher.create_resource(&make, true).unwrap();
+    let resource = built_resource(&dispatcher, 3);
     assert_eq!(resource.num_workers(), 3);
-    wait_until("built everywhere", || {
-        (0..3).all(|w| resource.state(w) == ResourceState::Ready)
-    });
     for worker in 0..3 {
         assert_eq!(cluster.resources(worker), [resource.id()]);
     }
@@ -33,11 +29,7 @@ fn a_resource_is_built_on_every_worker_and_released_on_each() {
 fn dropping_the_last_reference_releases_the_resource() {
     let cluster = FakeCluster::new(2);
     let dispatcher = start(&cluster, fast_config());
-    let make = function(&dispatcher, "resource");
-    let resource = dispatcher.create_resource(&make, true).unwrap();
-    wait_until("built everywhere", || {
-        (0..2).all(|w| resource.state(w) == ResourceState::Ready)
-    });
+    let resource = built_resource(&dispatcher, 2);
     let echo = function(&dispatcher, "echo");
     let input = args(&format!("res:{}", resource.id()));
     let cell = dispatcher
@@ -81,10 +73,8 @@ fn a_closure_using_a_resource_that_failed_to_build_fails_with_an_input_error() {
 fn a_resource_the_worker_lost_unnoticed_is_rebuilt_not_failed() {
     let cluster = FakeCluster::new(1);
     let dispatcher = start(&cluster, fast_config());
-    let make = function(&dispatcher, "resource");
     let echo = function(&dispatcher, "echo");
-    let resource = dispatcher.create_resource(&make, true).unwrap();
-    wait_until("built", || resource.state(0) == ResourceState::Ready);
+    let resource = built_resource(&dispatcher, 1);
     assert_eq!(
         value(&dispatcher.schedule(&echo, args("warm"), &[]).unwrap()),
         args("warm")
@@ -124,11 +114,7 @@ fn resources_of_another_dispatcher_are_refused() {
 fn a_release_taken_while_pipelining_is_still_sent_after_its_worker_fails() {
     let cluster = FakeCluster::new(2);
     let dispatcher = start(&cluster, fast_config());
-    let make = function(&dispatcher, "resource");
-    let resource = dispatcher.create_resource(&make, true).unwrap();
-    wait_until("built on both workers", || {
-        (0..2).all(|w| resource.state(w) == ResourceState::Ready)
-    });
+    let resource = built_resource(&dispatcher, 2);
     let [first, other, held, second] =
         ["gate:first", "gate:other", "gate:held", "gate:second"].map(|f| function(&dispatcher, f));
     dispatcher.schedule(&first, args("first"), &[]).unwrap();
