@@ -192,3 +192,38 @@ def test_real_jax_cpu_devices() -> None:
     cpu_names = tf_device_names(jax.devices("cpu"), job="chief")
     assert all(n.startswith("/job:chief/") and "/device:CPU:" in n for n in cpu_names)
     assert [kind for _, kind in device_types(jax.devices("cpu"))] == ["CPU"] * len(cpu_names)
+
+
+def test_export_platform_names_backends_as_jax_export_does() -> None:
+    jax = pytest.importorskip("jax")
+    from jax import export
+
+    from jaxcluster.devices import export_platform
+
+    here = export_platform()
+    assert here == jax.default_backend() == "cpu"
+    assert export_platform("tpu") == "tpu"
+    # JAX says "gpu"; jax.export refuses that name and lowers for "cuda" or "rocm".
+    assert export_platform("gpu") in ("cuda", "rocm")
+    # What this process reports is a name jax.export lowers for.
+    exported = export.export(jax.jit(lambda x: x + 1), platforms=(here,))(
+        jax.ShapeDtypeStruct((2,), "float32")
+    )
+    assert exported.platforms == (here,)
+
+
+def test_a_worker_runs_a_single_device_export_through_jit() -> None:
+    jax = pytest.importorskip("jax")
+    import numpy as np
+    from jax import export
+
+    from jaxcluster.worker.functions import FunctionCache
+
+    exported = export.export(jax.jit(lambda x: x * 2.0 + 1.0))(
+        jax.ShapeDtypeStruct((4,), "float32")
+    )
+    payload = bytes(exported.serialize())
+    fn = FunctionCache().get(b"h" * 32, "jax_export", lambda: payload)
+    # jit-wrapped: a staged call is cached instead of re-staged on every call.
+    assert hasattr(fn, "lower")
+    assert np.array_equal(np.asarray(fn(np.arange(4, dtype=np.float32))), [1.0, 3.0, 5.0, 7.0])

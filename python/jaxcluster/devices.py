@@ -35,6 +35,7 @@ __all__ = [
     "DeviceSpec",
     "device_type",
     "device_types",
+    "export_platform",
     "tf_device_name",
     "tf_device_names",
     "tpu_device_map",
@@ -125,3 +126,29 @@ def _index(device: DeviceLike, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"device {device!r} has {name} {value!r}; expected a non-negative int")
     return value
+
+
+def export_platform(backend: str | None = None) -> str:
+    """This process's JAX backend named as ``jax.export`` names platforms.
+
+    JAX calls an NVIDIA or AMD backend ``"gpu"``, but ``jax.export`` lowers for ``"cuda"``
+    or ``"rocm"`` and refuses ``"gpu"`` on a machine without one: a coordinator with no GPU
+    can export for ``"cuda"`` workers only if they report ``"cuda"``. Other backends
+    (``"cpu"``, ``"tpu"``) are named the same by both. Imports JAX.
+
+    Example::
+
+        export_platform()   # 'cpu' here, 'cuda' on an NVIDIA GPU worker, 'tpu' on a TPU VM
+    """
+    import jax
+
+    platform = jax.default_backend() if backend is None else backend
+    if platform != "gpu":
+        return platform
+    try:  # JAX's own alias resolution ("gpu" -> the GPU platform present)
+        from jax._src import xla_bridge
+
+        return str(xla_bridge.canonicalize_platform(platform))
+    except Exception:  # a JAX without that private helper: ask the backend what it runs on
+        version = str(getattr(jax.devices()[0].client, "platform_version", "")).lower()
+        return "rocm" if "rocm" in version else "cuda"

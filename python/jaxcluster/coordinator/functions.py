@@ -351,9 +351,9 @@ def export_function(
     if isinstance(signature, str):
         raise TypeError(f"cannot export {getattr(fn, '__name__', fn)!r}: {signature}")
     if platforms is None:
-        import jax
+        from jaxcluster.devices import export_platform
 
-        platforms = (jax.default_backend(),)
+        platforms = (export_platform(),)
     return _export(fn, _specs(signature), platforms)
 
 

@@ -70,9 +70,9 @@ class WorkerFacts:
         has reported yet, after a short wait for the first one)."""
         known = sorted({str(s["platform"]) for s in self._reported(wait=True)})
         if not known:
-            import jax
+            from jaxcluster.devices import export_platform
 
-            known = [jax.default_backend()]
+            known = [export_platform()]
         return tuple(known)
 
     def check(self, function: SerializedFunction) -> None:

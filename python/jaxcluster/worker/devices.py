@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jaxcluster.devices import device_type
+from jaxcluster.devices import device_type, export_platform
 
 __all__ = ["jax_runtime_info"]
 
@@ -23,7 +23,8 @@ def _named(devices: list[Any], worker_index: int) -> list[tuple[str, str]]:
 
 def jax_runtime_info(worker_index: int) -> dict[str, Any]:
     """``devices`` as ``(tf_name, device_type)`` pairs, their ``device_kind``, ``platform``
-    and ``jax_version``.
+    (as ``jax.export`` names it: ``cuda``/``rocm`` where JAX says ``gpu``) and
+    ``jax_version``.
 
     Imports JAX and initialises its default backend, as the closures will anyway.
     """
@@ -33,6 +34,6 @@ def jax_runtime_info(worker_index: int) -> dict[str, Any]:
     return {
         "devices": _named(devices, worker_index),
         "device_kind": str(getattr(devices[0], "device_kind", "")) if devices else "",
-        "platform": jax.default_backend(),
+        "platform": export_platform(),
         "jax_version": jax.__version__,
     }

@@ -44,14 +44,18 @@ def _load_jax_export(payload: bytes) -> Callable[..., Any]:
             f"the jax.export payload ({len(payload)} bytes) could not be deserialized on "
             f"this worker: {type(exc).__name__}: {exc}"
         ) from exc
-    platform = jax.default_backend()
+    from jaxcluster.devices import export_platform
+
+    platform = export_platform()
     if platform not in exported.platforms:
         raise FunctionLoadError(
             f"the function was exported for platforms {list(exported.platforms)} but this "
             f"worker runs on {platform!r}; export it with platforms=[{platform!r}]"
         )
     if exported.nr_devices == 1:
-        return exported.call  # type: ignore[no-any-return]
+        # jit-wrapped: `exported.call` alone re-stages the call every time (measured
+        # 0.40 ms per call of a 64-float function against 0.016 ms through jit).
+        return jax.jit(exported.call)  # type: ignore[no-any-return]
     return _sharded_call(exported, jax)
 
 
