@@ -2,9 +2,10 @@
 
 Example::
 
-    from jaxcluster import DeviceSpec
-    spec = DeviceSpec.from_string("/job:worker/task:3/device:TPU:7")
-    assert spec.replace(task=0).to_string() == "/job:worker/task:0/device:TPU:7"
+    >>> from jaxcluster import DeviceSpec
+    >>> spec = DeviceSpec.from_string("/job:worker/task:3/device:TPU:7")
+    >>> spec.replace(task=0).to_string()
+    '/job:worker/task:0/device:TPU:7'
 """
 
 from __future__ import annotations

@@ -48,6 +48,8 @@ class UnionClusterResolver(ClusterResolver):
 
     Example::
 
+        >>> from jaxcluster import ClusterSpec
+        >>> from jaxcluster.cluster_resolver import SimpleClusterResolver
         >>> a = SimpleClusterResolver(ClusterSpec({"worker": ["w0:2222"]}))
         >>> b = SimpleClusterResolver(ClusterSpec({"worker": ["w1:2222"], "ps": ["p0:2222"]}))
         >>> UnionClusterResolver(a, b).cluster_spec().as_dict()

@@ -55,7 +55,8 @@ class FixedShardsPartitioner(Partitioner):
 
     Example::
 
-        FixedShardsPartitioner(2)((10, 3), "float32")   # [2, 1]
+        >>> FixedShardsPartitioner(2)((10, 3), "float32")
+        [2, 1]
     """
 
     def __init__(self, num_shards: int) -> None:
@@ -73,7 +74,8 @@ class MinSizePartitioner(Partitioner):
 
     Example::
 
-        MinSizePartitioner(min_shard_bytes=4, max_shards=2)((6, 1), "float32")   # [2, 1]
+        >>> MinSizePartitioner(min_shard_bytes=4, max_shards=2)((6, 1), "float32")
+        [2, 1]
     """
 
     def __init__(
@@ -98,7 +100,8 @@ class MaxSizePartitioner(Partitioner):
 
     Example::
 
-        MaxSizePartitioner(max_shard_bytes=8)((6, 1), "float32")   # [3, 1]
+        >>> MaxSizePartitioner(max_shard_bytes=8)((6, 1), "float32")
+        [3, 1]
     """
 
     def __init__(
