@@ -1,5 +1,5 @@
 """Smoke test of an installed jaxcluster wheel: the README's first example, from a directory
-without the source tree. ``--no-cluster`` stops after the import checks (Windows runners)."""
+without the source tree. ``--no-cluster`` stops after the import checks."""
 
 import os
 import sys
