@@ -83,7 +83,8 @@ def _png_pixels(data: bytes) -> list[bytes]:
     assert depth == 8 and colour in (2, 6), f"unexpected PNG format {depth}/{colour}"
     bpp = 3 if colour == 2 else 4
     raw, stride = zlib.decompress(idat), width * bpp
-    previous, pixels = bytearray(stride), []
+    previous = bytearray(stride)
+    pixels: list[bytes] = []
     for y in range(height):
         start = y * (stride + 1)
         kind, row = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
