@@ -14,7 +14,7 @@ MATURIN_ZIG = PATH="$(CURDIR)/$(BUILD_VENV)/bin:$$PATH" $(BUILD_PY) -m maturin b
 	--zig --compatibility manylinux2014 --out dist
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test check test-rust test-python lint fmt bench bench-rust bench-python wheel wheels sdist
+.PHONY: help install demo test check test-rust test-python lint fmt docs bench bench-rust bench-python wheel wheels sdist
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ lint: ## rustfmt, clippy (pedantic), ruff, stubtest of _core.pyi, zizmor on the 
 	$(PYTHON) -m ruff format --check python tests benches
 	$(PYTHON) -m mypy.stubtest jaxcluster._core --allowlist .stubtest-allowlist
 	$(ZIZMOR) --offline --quiet .github/workflows
+
+docs: ## The documentation site: mkdocs build --strict, doc examples, headless-Chromium check (.ci/docs)
+	DOCS_PYTHON=$(PYTHON) DOCS_SITE=$(CURDIR)/site bash .ci/docs
 
 fmt: ## Format Rust and Python sources
 	cargo fmt
