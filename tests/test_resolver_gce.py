@@ -81,6 +81,17 @@ def test_master_and_overrides(api: FakeComputeServer) -> None:
     assert (resolver.task_type, resolver.task_id, resolver.rpc_layer) == ("ps", 0, None)
 
 
+def test_no_task_type_has_no_master_unless_one_is_named(api: FakeComputeServer) -> None:
+    # TF: without a task_type the resolver names no task of its own, so master() is ''.
+    _fill(api, ["10.0.0.1", "10.0.0.2"])
+    resolver = _resolver(api, task_type=None, task_id=1)
+    assert resolver.task_type is None
+    assert resolver.master() == ""
+    assert resolver.cluster_spec().jobs == ["worker"]
+    assert resolver.master(task_type="worker") == "grpc://10.0.0.2:8470"
+    assert resolver.master(task_type="worker", task_id=0) == "grpc://10.0.0.1:8470"
+
+
 def test_versioned_endpoint_is_accepted(api: FakeComputeServer) -> None:
     _fill(api, ["10.0.0.1"])
     resolver = GCEClusterResolver(

@@ -94,15 +94,18 @@ class GCEClusterResolver(ClusterResolver):
         )
         if task_type is not None and not isinstance(task_type, str):
             raise TypeError(f"task_type must be a string; got {task_type!r}")
-        # Kept as given, '' included (TF does the same): it names the one job of the spec.
-        self._task_type = "worker" if task_type is None else task_type
+        # Kept as given, '' and None included (TF does the same). None names no task, so
+        # master() is '' unless asked for one; the group's job is then still "worker".
+        self._task_type = task_type
+        self._job = "worker" if task_type is None else task_type
         self.task_id = task_id
         self.rpc_layer = rpc_layer
 
     @property
-    def task_type(self) -> str:
-        """The name of the job the instance group forms; fixed when the resolver is made."""
-        return self._task_type  # type: ignore[return-value]
+    def task_type(self) -> str | None:
+        """The name of the job the instance group forms (``None``: no task of it is this
+        process's; the job is then ``worker``); fixed when the resolver is made."""
+        return self._task_type
 
     @task_type.setter
     def task_type(self, task_type: str | None) -> None:
@@ -110,7 +113,7 @@ class GCEClusterResolver(ClusterResolver):
         # merges by it), so changing it afterwards would silently move the group's tasks.
         raise RuntimeError(
             f"the task_type of a GCEClusterResolver is the name of its instance group's job "
-            f"({self._task_type!r}) and cannot be changed after it is made (tried "
+            f"({self._job!r}) and cannot be changed after it is made (tried "
             f"{task_type!r}); make a new GCEClusterResolver(..., task_type={task_type!r})"
         )
 
@@ -186,7 +189,7 @@ class GCEClusterResolver(ClusterResolver):
         else:
             ips = [self._instance_ip(n) for n in names]
         workers = sorted(f"{ip}:{self._port}" for ip in ips)
-        return ClusterSpec({self.task_type: workers})
+        return ClusterSpec({self._job: workers})
 
     def master(
         self,
@@ -194,7 +197,8 @@ class GCEClusterResolver(ClusterResolver):
         task_id: int | None = None,
         rpc_layer: str | None = None,
     ) -> str:
-        """``grpc://ip:port`` of a task (by default this resolver's ``task_type``/``task_id``).
+        """``grpc://ip:port`` of a task (by default this resolver's ``task_type``/``task_id``);
+        ``''`` when neither the call nor the resolver names a task type (as TF).
 
         ``ValueError`` naming the instance group when it has no such task (e.g. it is empty).
         """
