@@ -3,8 +3,9 @@
 TF 2.21 semantics (``tf.distribute.cluster_resolver.GCEClusterResolver``): list the group's
 instances (every page), keep the ``RUNNING`` ones, read each one's first network interface IP,
 and sort the ``ip:port`` addresses as strings. Deliberate changes: the Compute Engine REST API is
-called directly through google-auth with timeouts and retries (no discovery client), an empty
-group is an empty job rather than a ``KeyError``, and errors say what to fix.
+called directly through google-auth with timeouts and retries (unless ``service=`` is TF's
+discovery client, which is then called as TF does), an empty group is an empty job rather
+than a ``KeyError``, and errors say what to fix.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from jaxcluster.cluster_resolver._discovery import execute, is_discovery_client
 from jaxcluster.cluster_resolver._google import (
     DEFAULT_API_TIMEOUT,
     GoogleAPI,
@@ -51,9 +53,11 @@ class GCEClusterResolver(ClusterResolver):
 
     ``credentials``: ``'default'`` (or ``None``) for Application Default Credentials, or any
     ``google.auth.credentials.Credentials`` (``AnonymousCredentials()`` for a local test
-    server). ``service``: TF passes a discovery client here; jaxcluster takes a
+    server). ``service``: a googleapiclient discovery client for Compute Engine (as TF:
+    ``discovery.build("compute", "v1")``; its ``instanceGroups().listInstances(...)`` and
+    ``instances().get(...)`` are called and ``execute()``-d, ``credentials`` unused), or a
     ``requests.Session`` (e.g. an ``AuthorizedSession`` with your own adapters or proxies) to
-    make the API calls with, and rejects anything else. Keyword-only: ``api_endpoint`` (root
+    make the REST calls with; anything else is a ``TypeError``. Keyword-only: ``api_endpoint`` (root
     URL of the Compute API, default ``https://compute.googleapis.com/``) and ``timeout``
     (seconds per request, default 30).
     """
@@ -85,11 +89,15 @@ class GCEClusterResolver(ClusterResolver):
         if api_endpoint is not None:
             # Accept the API root or, as googleapiclient users write it, the versioned base.
             root = check_base_url(api_endpoint, "api_endpoint").removesuffix("compute/v1/")
+        # TF's discovery client, called as TF calls it; else the REST API (service= a Session).
+        self._client = (
+            service if is_discovery_client(service, "instanceGroups", "instances") else None
+        )
         self._api = GoogleAPI(
             "Compute Engine API",
             root,
             credentials=credentials,
-            service=service,
+            service=None if self._client is not None else service,
             timeout=DEFAULT_API_TIMEOUT if timeout is None else positive_timeout(timeout),
         )
         if task_type is not None and not isinstance(task_type, str):
@@ -127,23 +135,54 @@ class GCEClusterResolver(ClusterResolver):
             f"zone {self._zone!r}"
         )
 
+    def _list_page(self, token: str | None) -> dict[str, Any]:
+        """One page of the group's RUNNING instances (the first when ``token`` is ``None``)."""
+        what = f"listing the instances of {self._group_desc()}"
+        paging: dict[str, Any] = {"maxResults": _PAGE_SIZE}
+        if token is not None:
+            paging["pageToken"] = token
+        if self._client is not None:
+            request = self._client.instanceGroups().listInstances(
+                project=self._project,
+                zone=self._zone,
+                instanceGroup=self._instance_group,
+                body={"instanceState": "RUNNING"},
+                **paging,
+            )
+            return execute(request, what)
+        return self._api.call(
+            "POST",
+            f"{self._zone_path}/instanceGroups/{self._instance_group}/listInstances",
+            params=paging,
+            body={"instanceState": "RUNNING"},
+            what=what,
+            permission="compute.instanceGroups.list",
+        )
+
+    def _get_instance(self, name: str) -> dict[str, Any]:
+        what = f"reading instance {name!r} of {self._group_desc()}"
+        if self._client is not None:
+            request = self._client.instances().get(
+                project=self._project, zone=self._zone, instance=name
+            )
+            return execute(request, what)
+        return self._api.call(
+            "GET",
+            f"{self._zone_path}/instances/{name}",
+            what=what,
+            permission="compute.instances.get",
+        )
+
     def _running_instances(self) -> list[str]:
         """Names of the group's RUNNING instances, over every page."""
         names: list[str] = []
-        params: dict[str, Any] = {"maxResults": _PAGE_SIZE}
+        token: str | None = None
         seen_tokens: set[str] = set()
         while True:
-            page = self._api.call(
-                "POST",
-                f"{self._zone_path}/instanceGroups/{self._instance_group}/listInstances",
-                params=params,
-                body={"instanceState": "RUNNING"},
-                what=f"listing the instances of {self._group_desc()}",
-                permission="compute.instanceGroups.list",
-            )
+            page = self._list_page(token)
             for item in page.get("items") or []:
-                # The request asks for RUNNING only; check anyway, it costs nothing.
-                if not isinstance(item, dict) or item.get("status") != "RUNNING":
+                # The request asks for RUNNING only; check a status the answer gives anyway.
+                if not isinstance(item, dict) or item.get("status", "RUNNING") != "RUNNING":
                     continue
                 url = item.get("instance")
                 if isinstance(url, str) and url.rstrip("/"):
@@ -157,15 +196,9 @@ class GCEClusterResolver(ClusterResolver):
                     f"listing {self._group_desc()}; stopping instead of looping forever"
                 )
             seen_tokens.add(token)
-            params = {"maxResults": _PAGE_SIZE, "pageToken": token}
 
     def _instance_ip(self, name: str) -> str:
-        instance = self._api.call(
-            "GET",
-            f"{self._zone_path}/instances/{name}",
-            what=f"reading instance {name!r} of {self._group_desc()}",
-            permission="compute.instances.get",
-        )
+        instance = self._get_instance(name)
         interfaces = instance.get("networkInterfaces")
         first = interfaces[0] if isinstance(interfaces, list) and interfaces else None
         ip = first.get("networkIP") if isinstance(first, dict) else None
@@ -183,7 +216,8 @@ class GCEClusterResolver(ClusterResolver):
         ``RuntimeError``) for API errors, naming the permission for a 403.
         """
         names = self._running_instances()
-        if len(names) > 1:
+        # A discovery client's httplib2 transport is not thread-safe: one lookup at a time.
+        if len(names) > 1 and self._client is None:
             with ThreadPoolExecutor(min(_PARALLEL_LOOKUPS, len(names))) as pool:
                 ips = list(pool.map(self._instance_ip, names))
         else:
