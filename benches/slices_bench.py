@@ -77,7 +77,7 @@ def _dispatch(coordinator: Any, closures: int) -> tuple[float, float]:
 
 
 def _recovery(cluster: Any, coordinator: Any) -> float:
-    from jaxcluster.demo_slices import wait_serving_again
+    from jaxcluster.demos.slices import wait_serving_again
 
     before = coordinator.workers[0]["incarnation"]
     cluster.kill_worker(1)

@@ -154,6 +154,49 @@ def test_environment_flag_picks_a_later_environment() -> None:
     assert out["environment"] == "slurm" and out["task_id"] == 3
 
 
+@pytest.mark.parametrize(
+    ("env", "environment", "resolver"),
+    [
+        ({"TF_CONFIG": json.dumps(TF_CONFIG)}, "tf_config", "TFConfigClusterResolver"),
+        (SLURM, "slurm", "SlurmClusterResolver"),
+        (
+            {"JAXCLUSTER_WORKERS": "w0:2222,w1:2222", "JAXCLUSTER_TASK_ID": "1"},
+            "explicit",
+            "SimpleClusterResolver",
+        ),
+        (  # Open MPI with a worker list: a SimpleClusterResolver as is
+            {
+                "OMPI_COMM_WORLD_SIZE": "2",
+                "OMPI_COMM_WORLD_RANK": "1",
+                "JAXCLUSTER_WORKERS": "w0:2222,w1:2222",
+            },
+            "ompi",
+            "SimpleClusterResolver",
+        ),
+        (  # Open MPI knowing only rank 0: a private subclass, named as the public one
+            {
+                "OMPI_COMM_WORLD_SIZE": "4",
+                "OMPI_COMM_WORLD_RANK": "2",
+                "JAX_COORDINATOR_ADDRESS": "head:1234",
+            },
+            "ompi",
+            "SimpleClusterResolver",
+        ),
+    ],
+)
+def test_json_names_a_public_resolver_class(
+    env: dict[str, str], environment: str, resolver: str
+) -> None:
+    import jaxcluster.cluster_resolver as public
+
+    result = _run("--format", "json", env=env)
+
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert (out["environment"], out["resolver"]) == (environment, resolver)
+    assert hasattr(public, out["resolver"])
+
+
 def test_malformed_tf_config_exits_1_with_one_paragraph() -> None:
     result = _run("--format", "env", env={"TF_CONFIG": '{"cluster": ["oops"'})
 

@@ -3,10 +3,14 @@ sharding, the variable API, pickling into closures that real workers run."""
 
 from __future__ import annotations
 
+import inspect
 import pickle
+import subprocess
 import sys
+import textwrap
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -30,6 +34,7 @@ from jaxcluster.strategy import (
     ParameterServerStrategy,
     ParameterServerVariable,
     _clients,
+    parameter_server_strategy,
 )
 from jaxcluster.worker import context
 
@@ -233,3 +238,18 @@ def test_exported_lazily_and_token_from_argument_or_environment(
     assert strategy.cluster_resolver is resolver
     assert strategy.auth_token == "env-token"
     assert ParameterServerStrategy(resolver, auth_token="given").auth_token == "given"
+
+
+def test_the_module_docstring_example_runs_as_written(tmp_path: Path) -> None:
+    doc = inspect.getdoc(parameter_server_strategy)
+    assert doc is not None
+    example = textwrap.dedent(doc.split("::\n", 1)[1])
+    fetch = "coordinator.schedule(step).fetch()     # 0.125"
+    assert fetch in example
+    script = tmp_path / "example.py"
+    script.write_text(example.replace(fetch, f"print({fetch.split('  ')[0]})"))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) == pytest.approx(0.125)

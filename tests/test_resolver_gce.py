@@ -13,6 +13,7 @@ from jaxcluster.cluster_resolver import GCEClusterResolver
 from jaxcluster.cluster_resolver._google import GoogleAPIError
 from jaxcluster.cluster_spec import ClusterSpec
 from support.compute_api import FakeComputeServer
+from support.discovery import ComputeClient
 
 PROJECT, ZONE, GROUP = "proj", "us-east1-b", "trainers"
 LIST_PATH = f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instanceGroups/{GROUP}/listInstances"
@@ -79,6 +80,17 @@ def test_master_and_overrides(api: FakeComputeServer) -> None:
         resolver.task_type = "worker"
     assert resolver.cluster_spec().jobs == ["ps"]
     assert (resolver.task_type, resolver.task_id, resolver.rpc_layer) == ("ps", 0, None)
+
+
+def test_no_task_type_has_no_master_unless_one_is_named(api: FakeComputeServer) -> None:
+    # TF: without a task_type the resolver names no task of its own, so master() is ''.
+    _fill(api, ["10.0.0.1", "10.0.0.2"])
+    resolver = _resolver(api, task_type=None, task_id=1)
+    assert resolver.task_type is None
+    assert resolver.master() == ""
+    assert resolver.cluster_spec().jobs == ["worker"]
+    assert resolver.master(task_type="worker") == "grpc://10.0.0.2:8470"
+    assert resolver.master(task_type="worker", task_id=0) == "grpc://10.0.0.1:8470"
 
 
 def test_versioned_endpoint_is_accepted(api: FakeComputeServer) -> None:
@@ -187,4 +199,42 @@ def test_construction_needs_no_credentials_or_network(monkeypatch: pytest.Monkey
     resolver = GCEClusterResolver(PROJECT, ZONE, GROUP, 8470)
     assert (resolver.task_type, resolver.task_id, resolver.rpc_layer) == ("worker", 0, "grpc")
     with pytest.raises(ValueError, match="Application Default Credentials"):
+        resolver.cluster_spec()
+
+
+def test_a_discovery_client_as_service_is_called_as_tf_calls_it() -> None:
+    # TF's service=: googleapiclient.discovery.build("compute", "v1"). No credentials and no
+    # API endpoint are needed: the client makes the calls.
+    client = ComputeClient(
+        {
+            "vm-a": ("10.0.0.9", "RUNNING"),
+            "vm-b": ("10.0.0.10", "RUNNING"),
+            "vm-c": ("10.0.0.2", "RUNNING"),
+            "vm-d": ("10.0.0.3", "TERMINATED"),
+        },
+        page_size=2,
+    )
+    resolver = GCEClusterResolver(PROJECT, ZONE, GROUP, 2222, task_id=1, service=client)
+    spec = resolver.cluster_spec()
+    assert spec == ClusterSpec({"worker": ["10.0.0.10:2222", "10.0.0.2:2222", "10.0.0.9:2222"]})
+    lists = [kw for method, kw in client.calls if method == "listInstances"]
+    assert [kw.get("pageToken") for kw in lists[:2]] == [None, "2"]
+    assert lists[0]["body"] == {"instanceState": "RUNNING"}
+    assert (lists[0]["project"], lists[0]["zone"], lists[0]["instanceGroup"]) == (
+        PROJECT,
+        ZONE,
+        GROUP,
+    )
+    gets = sorted(kw["instance"] for method, kw in client.calls if method == "get")
+    assert gets == ["vm-a", "vm-b", "vm-c"]  # the TERMINATED one is never looked up
+    assert resolver.master() == "grpc://10.0.0.2:2222"
+
+
+def test_a_discovery_client_answering_no_object_is_named() -> None:
+    class Odd(ComputeClient):
+        def _list_instances(self, **kwargs: Any) -> Any:
+            return ["not", "an", "object"]
+
+    resolver = GCEClusterResolver(PROJECT, ZONE, GROUP, 8470, service=Odd({}))
+    with pytest.raises(TypeError, match=r"listing the instances of instance group 'trainers'"):
         resolver.cluster_spec()

@@ -184,6 +184,66 @@ def test_slurm_gpu_binding_wins_over_the_tf_split(monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize(
+    ("rank", "node", "bound", "per_task", "own"),
+    [
+        # srun -N1 -n4 --gres=gpu:4: every task sees all 4; gpus_per_task=1 gives one each.
+        (2, "n1", "0,1,2,3", 1, "2"),
+        # The bound ids are split, not 0..n: GPUs 4-7 of a node, 2 per task.
+        (3, "n2", "4,5,6,7", 2, "6,7"),
+        (0, "n1", "GPU-a,GPU-b,GPU-c,GPU-d", 2, "GPU-a,GPU-b"),
+    ],
+)
+def test_a_node_wide_binding_is_split_by_the_tasks_slot(
+    monkeypatch: pytest.MonkeyPatch, rank: int, node: str, bound: str, per_task: int, own: str
+) -> None:
+    nodes, per_node = ("n1", "4") if per_task == 1 else ("n[1-2]", "2(x2)")
+    slot = rank % int(per_node[0])
+    _step(
+        monkeypatch,
+        rank,
+        nodes,
+        per_node,
+        CUDA_VISIBLE_DEVICES=bound,
+        SLURMD_NODENAME=node,
+        SLURM_LOCALID=str(slot),
+    )
+    resolver = SlurmClusterResolver(gpus_per_task=per_task)
+    assert resolver.num_accelerators() == {"GPU": per_task}
+    resolver.cluster_spec()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == own
+    # Slurm's own list only (CUDA_VISIBLE_DEVICES unset): the same share of its ids.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("SLURM_STEP_GPUS", bound)
+    SlurmClusterResolver(gpus_per_task=per_task).cluster_spec()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == own
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    SlurmClusterResolver(gpus_per_task=per_task, auto_set_gpu=False).cluster_spec()
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_a_binding_of_gpus_per_task_gpus_stands(monkeypatch: pytest.MonkeyPatch) -> None:
+    # srun -n4 --gpus-per-task=2: Slurm gave rank 1 GPUs 2 and 3; nothing to split.
+    _step(monkeypatch, 1, "n1", "4", CUDA_VISIBLE_DEVICES="2,3", SLURM_LOCALID="1")
+    resolver = SlurmClusterResolver(gpus_per_task=2)
+    resolver.cluster_spec()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert resolver.num_accelerators() == {"GPU": 2}
+
+
+@pytest.mark.parametrize(("bound", "per_task"), [("0,1,2", 1), ("0,1,2,3", 2), ("", 1)])
+def test_a_binding_too_small_for_the_nodes_tasks_names_the_values(
+    monkeypatch: pytest.MonkeyPatch, bound: str, per_task: int
+) -> None:
+    _step(monkeypatch, 0, "n1", "4", CUDA_VISIBLE_DEVICES=bound)
+    with pytest.raises(RuntimeError) as raised:
+        SlurmClusterResolver(gpus_per_task=per_task)
+    message = str(raised.value)
+    assert f"CUDA_VISIBLE_DEVICES={bound!r}" in message
+    assert "4 tasks on node 'n1'" in message
+    assert f"gpus_per_task={per_task}" in message
+
+
+@pytest.mark.parametrize(
     ("job_id", "nodes"),
     [("1", "n[1-2]"), ("4095", "gpu[009-012],login1"), ("4096", "a,b"), ("987654", "solo")],
 )

@@ -17,8 +17,9 @@ from jaxcluster.cluster_resolver import TPUClusterResolver
 from jaxcluster.cluster_spec import ClusterSpec
 from jaxcluster.errors import DeadlineExceededError, UnavailableError
 from support.cluster_env import clear_cluster_env
+from support.discovery import TpuClient
 from support.gce_metadata import FakeMetadataServer
-from support.tpu_api import API_VERSIONS, FakeTPUServer
+from support.tpu_api import API_VERSIONS, FakeTPUServer, make_node
 
 PROJECT, ZONE = "test-project", "us-central2-b"  # what FakeMetadataServer reports
 POD = [("10.130.0.2", 8470), ("10.130.0.3", 8470), ("10.130.0.4", 8470), ("10.130.0.5", 8470)]
@@ -436,3 +437,20 @@ def test_unreachable_remote_worker_names_the_address() -> None:
     with pytest.raises(RuntimeError, match="ListDevices") as info:
         resolver.num_accelerators()
     assert f"127.0.0.1:{port}" in str(info.value)
+
+
+def test_a_discovery_client_as_service_is_called_as_tf_calls_it() -> None:
+    # TF's service=: googleapiclient.discovery.build("tpu", "v2"). The client makes the calls:
+    # no credentials and no API endpoint.
+    full = f"projects/{PROJECT}/locations/{ZONE}/nodes/pod"
+    client = TpuClient({full: make_node(PROJECT, ZONE, "pod", endpoints=POD)})
+    resolver = TPUClusterResolver("pod", project=PROJECT, zone=ZONE, service=client)
+    assert resolver.cluster_spec() == ClusterSpec({"worker": _addresses(POD)})
+    assert resolver.master() == "grpc://10.130.0.2:8470"
+    assert client.calls[0] == ("get", {"name": full})
+
+
+def test_a_discovery_client_lookup_failure_is_a_value_error_naming_the_node() -> None:
+    resolver = TPUClusterResolver("ghost", project=PROJECT, zone=ZONE, service=TpuClient({}))
+    with pytest.raises(ValueError, match=r"TPU node 'ghost'.*the service= client"):
+        resolver.cluster_spec()

@@ -8,6 +8,13 @@ Example::
     resolver = TFConfigClusterResolver()
     jaxcluster.initialize(resolver)          # jax.distributed.initialize from TF_CONFIG
 
+Or schedule closures on the workers of a cluster (here a local one)::
+
+    with jaxcluster.LocalCluster(2) as cluster, cluster.coordinator() as coordinator:
+        value = coordinator.schedule(pow, args=(2, 10))   # a jaxcluster.RemoteValue
+        value.fetch()                                     # 1024
+    isinstance(coordinator, jaxcluster.ClusterCoordinator)  # True
+
 Heavy parts (JAX, the Kubernetes and Google clients, worker processes) load on first use, so
 ``import jaxcluster`` stays cheap.
 
@@ -34,18 +41,22 @@ logging.getLogger("jaxcluster").addHandler(logging.NullHandler())
 # public name -> submodule that defines it, imported on first access
 _LAZY: dict[str, str] = {
     "ClearTextTokenWarning": "jaxcluster._auth",
+    "ClusterCoordinator": "jaxcluster.coordinator",
     "LocalCluster": "jaxcluster.local_cluster",
     "ParameterServerStrategy": "jaxcluster.strategy",
+    "RemoteValue": "jaxcluster.coordinator",
     "initialize": "jaxcluster.distributed",
     "progress": "jaxcluster.progress",
 }
 
 __all__ = [
     "ClearTextTokenWarning",
+    "ClusterCoordinator",
     "ClusterSpec",
     "DeviceSpec",
     "LocalCluster",
     "ParameterServerStrategy",
+    "RemoteValue",
     "__version__",
     "initialize",
     "progress",
@@ -67,6 +78,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from jaxcluster._auth import ClearTextTokenWarning
+    from jaxcluster.coordinator import ClusterCoordinator, RemoteValue
     from jaxcluster.distributed import initialize
     from jaxcluster.local_cluster import LocalCluster
     from jaxcluster.progress import progress

@@ -103,6 +103,7 @@ impl ServerLimits {
 /// Raises this process's soft limit on open files to its hard limit, so connections are
 /// bounded by [`ServerLimits`] rather than by a low default soft limit (often 1024).
 /// Returns the soft limit in force afterwards; `None` where it cannot be read.
+#[cfg(unix)]
 pub fn raise_file_limit() -> Option<u64> {
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => Some(limit),
@@ -117,6 +118,13 @@ pub fn raise_file_limit() -> Option<u64> {
                 .map(|(soft, _)| soft)
         }
     }
+}
+
+/// Without Unix resource limits (Windows) there is no soft limit to raise or read: `None`,
+/// so connections are bounded by [`ServerLimits`] alone.
+#[cfg(not(unix))]
+pub fn raise_file_limit() -> Option<u64> {
+    None
 }
 
 /// How many files this process has open now (Linux; `None` elsewhere).

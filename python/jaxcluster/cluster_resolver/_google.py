@@ -147,7 +147,8 @@ def describe_credentials(credentials: Any) -> str:
 def make_session(credentials: object, service: object) -> tuple[requests.Session, Any]:
     """The session to call APIs with, and the credentials it applies (``None`` if unknown).
 
-    ``service`` is TF's discovery-client argument; here it may be a ``requests.Session`` (e.g.
+    ``service`` is TF's discovery-client argument; a discovery client is called by the
+    resolvers themselves (``_discovery.py``), and here it may be a ``requests.Session`` (e.g.
     an ``AuthorizedSession`` with your own adapters or proxies), used as given.
     """
     requests = require("gcp", "requests", "Calling Google Cloud APIs")
@@ -156,11 +157,12 @@ def make_session(credentials: object, service: object) -> tuple[requests.Session
         if isinstance(service, requests.Session):
             return service, getattr(service, "credentials", None)
         raise TypeError(
-            "service must be None or a requests.Session (for example a "
-            "google.auth.transport.requests.AuthorizedSession) used for the API calls; got "
-            f"{type(service).__module__}.{type(service).__qualname__}. jaxcluster calls the "
-            "REST API directly and does not use googleapiclient discovery clients: drop "
-            "service= and pass credentials= (and api_endpoint= for a non-default endpoint)."
+            "service must be None, one of the googleapiclient discovery clients TF passes "
+            "(with the API's collections, e.g. instanceGroups() and instances() for Compute "
+            "Engine) or a requests.Session (for example a "
+            "google.auth.transport.requests.AuthorizedSession) used for the REST calls; got "
+            f"{type(service).__module__}.{type(service).__qualname__}. Or drop service= and "
+            "pass credentials= (and api_endpoint= for a non-default endpoint)."
         )
     from google.auth.transport.requests import AuthorizedSession
 

@@ -19,6 +19,7 @@ import os
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from jaxcluster.cluster_resolver._discovery import execute, is_discovery_client
 from jaxcluster.cluster_resolver._google import DEFAULT_API_TIMEOUT, GoogleAPI, check_base_url
 from jaxcluster.cluster_resolver._tpu_names import DEFAULT_TPU_PORT
 
@@ -99,8 +100,14 @@ class TpuNodeApi:
                 f"api_version is {api_version!r}; expected one of {', '.join(API_VERSIONS)}"
             )
         self.api_version = api_version
+        # TF's discovery client, called as TF calls it; else the REST API (service= a Session).
+        self._client = service if is_discovery_client(service, "projects") else None
         self.api = GoogleAPI(
-            "Cloud TPU API", root, credentials=credentials, service=service, timeout=timeout
+            "Cloud TPU API",
+            root,
+            credentials=credentials,
+            service=None if self._client is not None else service,
+            timeout=timeout,
         )
 
     def node_path(self, project: str, zone: str, name: str) -> str:
@@ -108,18 +115,18 @@ class TpuNodeApi:
 
     def get_node(self, project: str, zone: str, name: str) -> dict[str, Any]:
         path = self.node_path(project, zone, name)
+        what = f"looking up TPU node {name!r}"
         try:
-            return self.api.call(
-                "GET",
-                path,
-                what=f"looking up TPU node {name!r}",
-                permission="tpu.nodes.get",
-            )
+            if self._client is not None:
+                nodes = self._client.projects().locations().nodes()
+                return execute(nodes.get(name=path.split("/", 1)[1]), what)
+            return self.api.call("GET", path, what=what, permission="tpu.nodes.get")
         except Exception as exc:
             # TF raises ValueError for any failed lookup; keep the type, say more.
+            where = "the service= client" if self._client is not None else self.api.base_url
             raise ValueError(
                 f"Could not look up TPU node {name!r} in project {project!r}, zone {zone!r} "
-                f"(Cloud TPU API {self.api_version} at {self.api.base_url}): {exc}"
+                f"(Cloud TPU API {self.api_version} at {where}): {exc}"
             ) from exc
 
 

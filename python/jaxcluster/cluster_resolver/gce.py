@@ -3,8 +3,9 @@
 TF 2.21 semantics (``tf.distribute.cluster_resolver.GCEClusterResolver``): list the group's
 instances (every page), keep the ``RUNNING`` ones, read each one's first network interface IP,
 and sort the ``ip:port`` addresses as strings. Deliberate changes: the Compute Engine REST API is
-called directly through google-auth with timeouts and retries (no discovery client), an empty
-group is an empty job rather than a ``KeyError``, and errors say what to fix.
+called directly through google-auth with timeouts and retries (unless ``service=`` is TF's
+discovery client, which is then called as TF does), an empty group is an empty job rather
+than a ``KeyError``, and errors say what to fix.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from jaxcluster.cluster_resolver._discovery import execute, is_discovery_client
 from jaxcluster.cluster_resolver._google import (
     DEFAULT_API_TIMEOUT,
     GoogleAPI,
@@ -51,9 +53,11 @@ class GCEClusterResolver(ClusterResolver):
 
     ``credentials``: ``'default'`` (or ``None``) for Application Default Credentials, or any
     ``google.auth.credentials.Credentials`` (``AnonymousCredentials()`` for a local test
-    server). ``service``: TF passes a discovery client here; jaxcluster takes a
+    server). ``service``: a googleapiclient discovery client for Compute Engine (as TF:
+    ``discovery.build("compute", "v1")``; its ``instanceGroups().listInstances(...)`` and
+    ``instances().get(...)`` are called and ``execute()``-d, ``credentials`` unused), or a
     ``requests.Session`` (e.g. an ``AuthorizedSession`` with your own adapters or proxies) to
-    make the API calls with, and rejects anything else. Keyword-only: ``api_endpoint`` (root
+    make the REST calls with; anything else is a ``TypeError``. Keyword-only: ``api_endpoint`` (root
     URL of the Compute API, default ``https://compute.googleapis.com/``) and ``timeout``
     (seconds per request, default 30).
     """
@@ -85,24 +89,31 @@ class GCEClusterResolver(ClusterResolver):
         if api_endpoint is not None:
             # Accept the API root or, as googleapiclient users write it, the versioned base.
             root = check_base_url(api_endpoint, "api_endpoint").removesuffix("compute/v1/")
+        # TF's discovery client, called as TF calls it; else the REST API (service= a Session).
+        self._client = (
+            service if is_discovery_client(service, "instanceGroups", "instances") else None
+        )
         self._api = GoogleAPI(
             "Compute Engine API",
             root,
             credentials=credentials,
-            service=service,
+            service=None if self._client is not None else service,
             timeout=DEFAULT_API_TIMEOUT if timeout is None else positive_timeout(timeout),
         )
         if task_type is not None and not isinstance(task_type, str):
             raise TypeError(f"task_type must be a string; got {task_type!r}")
-        # Kept as given, '' included (TF does the same): it names the one job of the spec.
-        self._task_type = "worker" if task_type is None else task_type
+        # Kept as given, '' and None included (TF does the same). None names no task, so
+        # master() is '' unless asked for one; the group's job is then still "worker".
+        self._task_type = task_type
+        self._job = "worker" if task_type is None else task_type
         self.task_id = task_id
         self.rpc_layer = rpc_layer
 
     @property
-    def task_type(self) -> str:
-        """The name of the job the instance group forms; fixed when the resolver is made."""
-        return self._task_type  # type: ignore[return-value]
+    def task_type(self) -> str | None:
+        """The name of the job the instance group forms (``None``: no task of it is this
+        process's; the job is then ``worker``); fixed when the resolver is made."""
+        return self._task_type
 
     @task_type.setter
     def task_type(self, task_type: str | None) -> None:
@@ -110,7 +121,7 @@ class GCEClusterResolver(ClusterResolver):
         # merges by it), so changing it afterwards would silently move the group's tasks.
         raise RuntimeError(
             f"the task_type of a GCEClusterResolver is the name of its instance group's job "
-            f"({self._task_type!r}) and cannot be changed after it is made (tried "
+            f"({self._job!r}) and cannot be changed after it is made (tried "
             f"{task_type!r}); make a new GCEClusterResolver(..., task_type={task_type!r})"
         )
 
@@ -124,23 +135,54 @@ class GCEClusterResolver(ClusterResolver):
             f"zone {self._zone!r}"
         )
 
+    def _list_page(self, token: str | None) -> dict[str, Any]:
+        """One page of the group's RUNNING instances (the first when ``token`` is ``None``)."""
+        what = f"listing the instances of {self._group_desc()}"
+        paging: dict[str, Any] = {"maxResults": _PAGE_SIZE}
+        if token is not None:
+            paging["pageToken"] = token
+        if self._client is not None:
+            request = self._client.instanceGroups().listInstances(
+                project=self._project,
+                zone=self._zone,
+                instanceGroup=self._instance_group,
+                body={"instanceState": "RUNNING"},
+                **paging,
+            )
+            return execute(request, what)
+        return self._api.call(
+            "POST",
+            f"{self._zone_path}/instanceGroups/{self._instance_group}/listInstances",
+            params=paging,
+            body={"instanceState": "RUNNING"},
+            what=what,
+            permission="compute.instanceGroups.list",
+        )
+
+    def _get_instance(self, name: str) -> dict[str, Any]:
+        what = f"reading instance {name!r} of {self._group_desc()}"
+        if self._client is not None:
+            request = self._client.instances().get(
+                project=self._project, zone=self._zone, instance=name
+            )
+            return execute(request, what)
+        return self._api.call(
+            "GET",
+            f"{self._zone_path}/instances/{name}",
+            what=what,
+            permission="compute.instances.get",
+        )
+
     def _running_instances(self) -> list[str]:
         """Names of the group's RUNNING instances, over every page."""
         names: list[str] = []
-        params: dict[str, Any] = {"maxResults": _PAGE_SIZE}
+        token: str | None = None
         seen_tokens: set[str] = set()
         while True:
-            page = self._api.call(
-                "POST",
-                f"{self._zone_path}/instanceGroups/{self._instance_group}/listInstances",
-                params=params,
-                body={"instanceState": "RUNNING"},
-                what=f"listing the instances of {self._group_desc()}",
-                permission="compute.instanceGroups.list",
-            )
+            page = self._list_page(token)
             for item in page.get("items") or []:
-                # The request asks for RUNNING only; check anyway, it costs nothing.
-                if not isinstance(item, dict) or item.get("status") != "RUNNING":
+                # The request asks for RUNNING only; check a status the answer gives anyway.
+                if not isinstance(item, dict) or item.get("status", "RUNNING") != "RUNNING":
                     continue
                 url = item.get("instance")
                 if isinstance(url, str) and url.rstrip("/"):
@@ -154,15 +196,9 @@ class GCEClusterResolver(ClusterResolver):
                     f"listing {self._group_desc()}; stopping instead of looping forever"
                 )
             seen_tokens.add(token)
-            params = {"maxResults": _PAGE_SIZE, "pageToken": token}
 
     def _instance_ip(self, name: str) -> str:
-        instance = self._api.call(
-            "GET",
-            f"{self._zone_path}/instances/{name}",
-            what=f"reading instance {name!r} of {self._group_desc()}",
-            permission="compute.instances.get",
-        )
+        instance = self._get_instance(name)
         interfaces = instance.get("networkInterfaces")
         first = interfaces[0] if isinstance(interfaces, list) and interfaces else None
         ip = first.get("networkIP") if isinstance(first, dict) else None
@@ -180,13 +216,14 @@ class GCEClusterResolver(ClusterResolver):
         ``RuntimeError``) for API errors, naming the permission for a 403.
         """
         names = self._running_instances()
-        if len(names) > 1:
+        # A discovery client's httplib2 transport is not thread-safe: one lookup at a time.
+        if len(names) > 1 and self._client is None:
             with ThreadPoolExecutor(min(_PARALLEL_LOOKUPS, len(names))) as pool:
                 ips = list(pool.map(self._instance_ip, names))
         else:
             ips = [self._instance_ip(n) for n in names]
         workers = sorted(f"{ip}:{self._port}" for ip in ips)
-        return ClusterSpec({self.task_type: workers})
+        return ClusterSpec({self._job: workers})
 
     def master(
         self,
@@ -194,7 +231,8 @@ class GCEClusterResolver(ClusterResolver):
         task_id: int | None = None,
         rpc_layer: str | None = None,
     ) -> str:
-        """``grpc://ip:port`` of a task (by default this resolver's ``task_type``/``task_id``).
+        """``grpc://ip:port`` of a task (by default this resolver's ``task_type``/``task_id``);
+        ``''`` when neither the call nor the resolver names a task type (as TF).
 
         ``ValueError`` naming the instance group when it has no such task (e.g. it is empty).
         """

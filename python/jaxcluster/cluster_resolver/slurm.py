@@ -8,8 +8,10 @@ the layout is checked against where Slurm says this task runs (``SLURMD_NODENAME
 ``SLURM_LOCALID``, ``SLURM_GTIDS``). Ranks then go to jobs in sorted job-name order.
 
 GPUs: when Slurm has bound GPUs to the task (``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``
-or ``SLURM_JOB_GPUS`` is set, e.g. under ``srun --gpus-per-task``) that binding stands;
-otherwise, as TF does, each task on a node gets its own slice of the node's GPUs.
+or ``SLURM_JOB_GPUS`` is set) a binding of ``gpus_per_task`` GPUs stands (as under
+``srun --gpus-per-task``), and a node-wide one (``--gres=gpu:4`` with 4 tasks on the node:
+each sees all 4) is split by the task's slot on the node, taking the bound ids; without a
+binding, as TF does, each task on a node gets its own slice of the node's GPUs.
 
 ``jax_distributed_args`` puts the ``jax.distributed`` coordinator on the first task's node
 at the port JAX itself derives from ``SLURM_JOB_ID``, so two jobs sharing a first node do
@@ -85,16 +87,16 @@ def _slurm_int(name: str) -> int:
     return int(value)
 
 
-def _count_visible(value: str) -> int:
+def _visible_ids(value: str) -> list[str]:
     # CUDA stops enumerating at the first entry it cannot use, so "0,-1,2" is one GPU and
     # "" (or Slurm's "NoDevFiles") is none.
-    count = 0
+    ids: list[str] = []
     for entry in value.split(","):
         entry = entry.strip()
         if not entry or entry == "NoDevFiles" or entry.startswith("-"):
             break
-        count += 1
-    return count
+        ids.append(entry)
+    return ids
 
 
 def _nvidia_smi_gpus() -> int:
@@ -116,16 +118,16 @@ def get_num_gpus() -> int:
     lines of ``nvidia-smi --list-gpus`` (zero when it is missing or fails)."""
     visible = os.environ.get(CUDA_VISIBLE_DEVICES_ENV)
     if visible is not None:
-        return _count_visible(visible)
+        return len(_visible_ids(visible))
     return _nvidia_smi_gpus()
 
 
-def _gpu_binding() -> tuple[str, int] | None:
-    """``(variable, GPUs it gives this task)`` when the GPUs were chosen before we ran."""
+def _gpu_binding() -> tuple[str, list[str]] | None:
+    """``(variable, GPU ids it lets this task see)`` when GPUs were bound before we ran."""
     for name in _GPU_BINDING_ENVS:
         value = os.environ.get(name)
         if value is not None:
-            return name, _count_visible(value)
+            return name, _visible_ids(value)
     return None
 
 
@@ -161,8 +163,11 @@ class SlurmClusterResolver(ClusterResolver):
     TF, ranks go to nodes in ``SLURM_STEP_NODELIST`` order (or ``tasks_per_node``'s order when
     it is a dict) rather than sorted by name, so ``n9,n10`` matches Slurm's own placement;
     ``--distribution=cyclic`` and ``plane=N`` steps are laid out as Slurm laid them out
-    (``arbitrary`` is a ``ValueError``); GPUs Slurm bound to the task are left as they are;
-    ``CUDA_VISIBLE_DEVICES=''`` means no GPUs and ``gpus_per_node=0`` is allowed.
+    (``arbitrary`` is a ``ValueError``); GPUs Slurm bound to the task are left as they are
+    when they are ``gpus_per_task`` GPUs (the default), and split by the task's slot on the
+    node when they are the node's (more than ``gpus_per_task``: e.g. ``--gres=gpu:4`` with
+    4 tasks and ``gpus_per_task=1``); ``CUDA_VISIBLE_DEVICES=''`` means no GPUs and
+    ``gpus_per_node=0`` is allowed.
 
     Example (inside ``srun -N2 --ntasks-per-node=2``)::
 
@@ -223,6 +228,7 @@ class SlurmClusterResolver(ClusterResolver):
                 f"{SLURM_STEP_TASKS_PER_NODE_ENV}={os.environ[SLURM_STEP_TASKS_PER_NODE_ENV]!r}"
                 f" and the {self._distribution} distribution",
             )
+        self._bound_share = self._share_of_binding()
         self._auto_set_gpu = auto_set_gpu
         self._rpc_layer = rpc_layer
         self._task_type = None
@@ -232,8 +238,8 @@ class SlurmClusterResolver(ClusterResolver):
         self, gpus_per_node: int | None, gpus_per_task: int | None, max_tasks_per_node: int
     ) -> None:
         if self._gpu_binding is not None:
-            # Slurm (or the launcher) already chose this task's GPUs: report what it sees.
-            _, bound = self._gpu_binding
+            # Slurm (or the launcher) already chose GPUs: by default this task's own.
+            bound = len(self._gpu_binding[1])
             self._gpus_per_node = _non_negative_int(
                 bound if gpus_per_node is None else gpus_per_node, "gpus_per_node"
             )
@@ -290,6 +296,29 @@ class SlurmClusterResolver(ClusterResolver):
             )
         return config
 
+    def _share_of_binding(self) -> list[str] | None:
+        """This task's GPU ids out of a binding made before it ran, when they must change:
+        ``None`` when there is no binding or it holds exactly ``gpus_per_task`` GPUs (it
+        stands), else the slice of the bound ids at the task's slot on its node (a node-wide
+        binding such as ``--gres=gpu:4 --ntasks-per-node=4``, where every task sees all 4)."""
+        if self._gpu_binding is None:
+            return None
+        name, ids = self._gpu_binding
+        per_task = self._gpus_per_task
+        if len(ids) == per_task:
+            return None
+        host, slot = self._layout[self._rank]
+        on_node = self._task_configuration[host]
+        if on_node * per_task > len(ids):
+            # RuntimeError, as the unbound request that does not fit a node.
+            raise RuntimeError(
+                f"{name}={os.environ.get(name)!r} binds {len(ids)} GPU(s) to this task, "
+                f"too few to give each of the {on_node} tasks on node {host!r} "
+                f"gpus_per_task={per_task}; lower gpus_per_task (or pass "
+                f"gpus_per_task={len(ids)} to keep the binding) or bind more GPUs"
+            )
+        return ids[slot * per_task : (slot + 1) * per_task]
+
     @property
     def distribution(self) -> Distribution:
         """How this step's ranks were placed on its nodes (from ``SLURM_DISTRIBUTION``)."""
@@ -321,10 +350,12 @@ class SlurmClusterResolver(ClusterResolver):
 
     def cluster_spec(self) -> ClusterSpec:
         """The step's jobs; also sets ``CUDA_VISIBLE_DEVICES`` when ``auto_set_gpu`` and
-        Slurm has not bound GPUs to this task itself."""
+        Slurm has not bound this task's own GPUs (none bound, or bound node-wide)."""
         jobs, _ = self._allocate()
         if self._auto_set_gpu and self._gpu_binding is None:
             os.environ[CUDA_VISIBLE_DEVICES_ENV] = self._own_gpus()
+        elif self._auto_set_gpu and self._bound_share is not None:
+            os.environ[CUDA_VISIBLE_DEVICES_ENV] = ",".join(self._bound_share)
         return ClusterSpec(jobs)
 
     @property
@@ -373,8 +404,8 @@ class SlurmClusterResolver(ClusterResolver):
         task_id: int | None = None,
         config_proto: Any = None,
     ) -> dict[str, int]:
-        """``{'GPU': n}``: the GPUs Slurm bound to this task, else ``gpus_per_task`` (as TF,
-        every task gets the same share)."""
+        """``{'GPU': n}``: ``gpus_per_task``, by default the GPUs Slurm bound to this task
+        (as TF, every task gets the same share)."""
         del task_type, task_id, config_proto
         return {"GPU": self._gpus_per_task}
 

@@ -127,10 +127,11 @@ class TPUClusterResolver(ClusterResolver):
 
     ``credentials``: ``'default'`` (or ``None``) for Application Default Credentials, or any
     ``google.auth.credentials.Credentials`` (``AnonymousCredentials()`` for a local test
-    server). ``service``: TF passes a discovery client here; jaxcluster takes a
-    ``requests.Session`` (e.g. an ``AuthorizedSession``) to make the API calls with, and
-    rejects anything else. ``discovery_url`` / ``TPU_API_DISCOVERY_URL``: the API root is read
-    from it. Keyword-only: ``api_version`` (``'v2'``, ``'v1'``, ``'v2alpha1'``),
+    server). ``service``: a googleapiclient discovery client for Cloud TPU (as TF; its
+    ``projects().locations().nodes().get(name=...)`` is called and ``execute()``-d), or a
+    ``requests.Session`` (e.g. an ``AuthorizedSession``) to make the REST calls with;
+    anything else is a ``TypeError``. ``discovery_url`` / ``TPU_API_DISCOVERY_URL``: the API
+    root is read from it. Keyword-only: ``api_version`` (``'v2'``, ``'v1'``, ``'v2alpha1'``),
     ``api_endpoint`` (API root URL, wins over the discovery URL), ``device_lister`` (a callable
     returning ``(name, device_type)`` pairs, used by :meth:`num_accelerators` and
     :meth:`get_tpu_system_metadata`), ``timeout`` (seconds per API request, default 30; the

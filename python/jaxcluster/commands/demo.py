@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_ps(args)
     if args.slices:
         return _run_slices(args)
-    from jaxcluster.demo import run_demo
+    from jaxcluster.demos.cluster import run_demo
 
     steps = _DEFAULT_STEPS if args.steps is None else args.steps
     result = run_demo(
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_ps(args: argparse.Namespace) -> int:
-    from jaxcluster.demo_ps import run_ps_demo
+    from jaxcluster.demos.ps import run_ps_demo
 
     steps = _DEFAULT_PS_STEPS if args.steps is None else args.steps
     if steps < 2:
@@ -130,7 +130,7 @@ def _run_ps(args: argparse.Namespace) -> int:
 
 
 def _run_slices(args: argparse.Namespace) -> int:
-    from jaxcluster.demo_slices import run_slices_demo
+    from jaxcluster.demos.slices import run_slices_demo
 
     steps = _DEFAULT_SLICES_STEPS if args.steps is None else args.steps
     result = run_slices_demo(

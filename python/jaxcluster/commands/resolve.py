@@ -75,8 +75,11 @@ def _no_environment_message(report: Any) -> str:
 
 
 def _json(report: Any) -> str:
+    from jaxcluster.cluster_resolver._explanation import public_class_name
+
     out: dict[str, Any] = {"environment": report.environment}
-    out["resolver"] = type(report.resolver).__name__
+    # The class a user can import (an environment's private helper subclass is not one).
+    out["resolver"] = public_class_name(report.resolver)
     sources: dict[str, str] = {}
     errors: dict[str, str] = {}
     for value in report.values:

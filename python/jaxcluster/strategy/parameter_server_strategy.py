@@ -1,20 +1,26 @@
 """``ParameterServerStrategy``: variables on the ``ps`` tasks of a cluster, for closures the
 ``worker`` tasks run.
 
-Example (TF's documentation example, with jaxcluster)::
+Example (TF's documentation example, with jaxcluster, on a local cluster; the workers and
+ps tasks take only calls that carry their token, which ``auth_token`` gives, or
+``JAXCLUSTER_AUTH_TOKEN``)::
 
-    strategy = ParameterServerStrategy(cluster.resolver)
-    with strategy.scope():
-        v1 = strategy.Variable(0.0)
-        v2 = strategy.Variable(1.0)
-    coordinator = ClusterCoordinator(strategy)
+    from jaxcluster import ClusterCoordinator, LocalCluster, ParameterServerStrategy
 
-    def step():
-        v1.assign_add(0.1)
-        v2.assign_sub(0.2)
-        return v1.read_value() / v2.read_value()
+    with LocalCluster(num_workers=2, num_ps=1) as cluster:
+        strategy = ParameterServerStrategy(cluster.resolver, auth_token=cluster.auth_token)
+        with strategy.scope():
+            v1 = strategy.Variable(0.0)
+            v2 = strategy.Variable(1.0)
+        coordinator = ClusterCoordinator(strategy)
 
-    coordinator.schedule(step).fetch()     # 0.125
+        def step():
+            v1.assign_add(0.1)
+            v2.assign_sub(0.2)
+            return v1.read_value() / v2.read_value()
+
+        coordinator.schedule(step).fetch()     # 0.125
+        coordinator.shutdown()
 """
 
 from __future__ import annotations

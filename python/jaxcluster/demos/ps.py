@@ -1,6 +1,6 @@
 """``jaxcluster demo --ps``: parameter-server training that survives losing a ps task.
 
-The parameters of a small MLP (the model of :mod:`jaxcluster.demo`) and a step counter are
+The parameters of a small MLP (the model of :mod:`jaxcluster.demos.cluster`) and a step counter are
 ``strategy.Variable``\\ s on two ps tasks. Each closure, on a worker, reads the parameters,
 computes the gradient of a batch from that worker's own shard with ``jax``, and applies it
 on the ps tasks with ``assign_sub`` (asynchronous SGD, as in TF's parameter-server
@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from jaxcluster.demo import _loss, _Progress, init_params, make_shard, shard_batches
+from jaxcluster.demos._shared import Progress, init_params, make_shard, mse_loss, shard_batches
 
 __all__ = ["PsDemoResult", "ps_train_step", "run_ps_demo"]
 
@@ -44,7 +44,7 @@ def ps_train_step(
     if _grad_fn is None:  # compiled once per worker process
         import jax
 
-        _grad_fn = jax.jit(jax.value_and_grad(_loss))
+        _grad_fn = jax.jit(jax.value_and_grad(mse_loss))
     params = {name: variable.read_value() for name, variable in variables.items()}
     x, y = next(batches)
     loss, grads = _grad_fn(params, x, y)
@@ -103,13 +103,13 @@ class _Session:
 
     def loss(self, eval_x: np.ndarray, eval_y: np.ndarray) -> float:
         params = {name: v.read_value() for name, v in self.variables.items()}
-        return float(_loss(params, eval_x, eval_y))
+        return float(mse_loss(params, eval_x, eval_y))
 
     def schedule(self, count: int, learning_rate: float) -> list[Any]:
         args = (self.variables, self.step, self.batches, learning_rate)
         return [self.coordinator.schedule(ps_train_step, args=args) for _ in range(count)]
 
-    def follow(self, values: list[Any], progress: _Progress, start: int, loss: float) -> float:
+    def follow(self, values: list[Any], progress: Progress, start: int, loss: float) -> float:
         """Fetches ``values`` in order, showing progress from step ``start``; returns the
         smoothed loss."""
         for done, value in enumerate(values, start + 1):
@@ -125,7 +125,7 @@ class _Session:
 
 
 def _lose_a_ps(
-    session: _Session, values: list[Any], progress: _Progress, start: int, loss: float, victim: int
+    session: _Session, values: list[Any], progress: Progress, start: int, loss: float, victim: int
 ) -> tuple[int, Any]:
     """Lets a few of ``values`` finish, kills ps ``victim`` and returns the step it was
     killed at and the error ``join()`` raised (``None`` if it raised nothing)."""
@@ -165,8 +165,8 @@ def run_ps_demo(
         )
     out = sys.stderr if out is None else out
     eval_x, eval_y = make_shard(-1, seed)
-    initial_loss = float(_loss(init_params(seed), eval_x, eval_y))
-    progress = _Progress(steps, out)
+    initial_loss = float(mse_loss(init_params(seed), eval_x, eval_y))
+    progress = Progress(steps, out)
     started = time.monotonic()
     result = PsDemoResult(steps, 0.0, initial_loss, initial_loss, 0, 0)
     with tempfile.TemporaryDirectory(prefix="jaxcluster-demo-") as scratch:

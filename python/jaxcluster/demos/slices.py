@@ -28,7 +28,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from jaxcluster.demo import _loss, _Progress, init_params, make_shard
+from jaxcluster.demos._shared import Progress, init_params, make_shard, mse_loss
 
 __all__ = ["SlicesDemoResult", "run_slices_demo"]
 
@@ -64,7 +64,7 @@ def slice_step(params: dict[str, np.ndarray], batches: Iterator[Any]) -> tuple[A
     mesh = Mesh(np.array(jax.devices()), ("d",))
     replicated = NamedSharding(mesh, P())
     if _step_fn is None:  # compiled once per host process
-        _step_fn = jax.jit(jax.value_and_grad(_loss), out_shardings=replicated)
+        _step_fn = jax.jit(jax.value_and_grad(mse_loss), out_shardings=replicated)
     x, y = next(batches)
     rows = NamedSharding(mesh, P("d"))
     gx = jax.make_array_from_process_local_data(rows, x)
@@ -111,7 +111,7 @@ def run_slices_demo(
     out = sys.stderr if out is None else out
     eval_x, eval_y = make_shard(-1, seed)
     params = init_params(seed)
-    initial_loss = float(_loss(params, eval_x, eval_y))
+    initial_loss = float(mse_loss(params, eval_x, eval_y))
     out.write(f"starting {_SLICES} slices of {_HOSTS} hosts x {_DEVICES} CPU devices...\n")
     with (
         LocalCluster(
@@ -129,7 +129,7 @@ def run_slices_demo(
             loss, grads = slice_step(p, b)
             return loss, grads, get_current_worker_index()
 
-        progress = _Progress(steps, out)
+        progress = Progress(steps, out)
         started = time.monotonic()
         pending = [coordinator.schedule(step, args=(params, batches))]
         applied, loss, note = 0, initial_loss, ""
@@ -160,7 +160,7 @@ def run_slices_demo(
         steps=steps,
         seconds=seconds,
         initial_loss=initial_loss,
-        final_loss=float(_loss(params, eval_x, eval_y)),
+        final_loss=float(mse_loss(params, eval_x, eval_y)),
         completed=int(metrics["completed"]),
         slice_failures=int(metrics["worker_failures"]),
         steps_per_slice=per_slice,

@@ -24,48 +24,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from jaxcluster.demos._shared import Progress, init_params, make_shard, mse_loss, shard_batches
+
 __all__ = ["DemoResult", "run_demo"]
-
-_FEATURES, _HIDDEN, _SHARD = 8, 32, 2048
-
-
-def make_shard(index: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Worker ``index``'s training shard (``index=-1``: the evaluation set)."""
-    rng = np.random.default_rng([seed, index + 1])
-    truth = np.random.default_rng(seed).normal(size=(_FEATURES,)).astype(np.float32)
-    x = rng.normal(size=(_SHARD, _FEATURES)).astype(np.float32)
-    y = np.sin(x @ truth)[:, None] + 0.05 * rng.normal(size=(_SHARD, 1)).astype(np.float32)
-    return x, y.astype(np.float32)
-
-
-def shard_batches(seed: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Runs on a worker: endless random batches from that worker's shard."""
-    from jaxcluster.coordinator import get_current_worker_index
-
-    index = get_current_worker_index()
-    x, y = make_shard(index, seed)
-    rng = np.random.default_rng([seed, index, 7])
-    while True:
-        rows = rng.integers(0, len(x), size=batch_size)
-        yield x[rows], y[rows]
-
-
-def init_params(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed + 1)
-    return {
-        "w1": (rng.normal(size=(_FEATURES, _HIDDEN)) / np.sqrt(_FEATURES)).astype(np.float32),
-        "b1": np.zeros(_HIDDEN, np.float32),
-        "w2": (rng.normal(size=(_HIDDEN, 1)) / np.sqrt(_HIDDEN)).astype(np.float32),
-        "b2": np.zeros(1, np.float32),
-    }
-
-
-def _loss(params: dict[str, Any], x: Any, y: Any) -> Any:
-    import jax.numpy as jnp
-
-    hidden = jnp.tanh(x @ params["w1"] + params["b1"])
-    return jnp.mean((hidden @ params["w2"] + params["b2"] - y) ** 2)
-
 
 _grad_fn: Any = None
 
@@ -76,7 +37,7 @@ def train_step(params: dict[str, np.ndarray], batches: Iterator[Any]) -> tuple[A
     if _grad_fn is None:  # compiled once per worker process
         import jax
 
-        _grad_fn = jax.jit(jax.value_and_grad(_loss))
+        _grad_fn = jax.jit(jax.value_and_grad(mse_loss))
     x, y = next(batches)
     return _grad_fn(params, x, y)
 
@@ -96,32 +57,6 @@ class DemoResult:
     @property
     def closures_per_second(self) -> float:
         return self.completed / self.seconds if self.seconds > 0 else 0.0
-
-
-class _Progress:
-    """A plain-text progress bar on one terminal line (or one line per update if piped)."""
-
-    def __init__(self, total: int, out: TextIO) -> None:
-        self._total, self._out = total, out
-        self._last = 0.0
-        self._tty = hasattr(out, "isatty") and out.isatty()
-
-    def show(self, done: int, loss: float, note: str, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < (0.1 if self._tty else 2.0):
-            return
-        self._last = now
-        width = 30
-        filled = int(width * done / self._total)
-        bar = "#" * filled + "." * (width - filled)
-        line = f"[{bar}] {done:>6}/{self._total} loss {loss:8.4f}  {note}"
-        self._out.write(f"\r{line:<100}" if self._tty else f"{line}\n")
-        self._out.flush()
-
-    def close(self) -> None:
-        if self._tty:
-            self._out.write("\n")
-            self._out.flush()
 
 
 def run_demo(
@@ -147,12 +82,12 @@ def run_demo(
     out = sys.stderr if out is None else out
     eval_x, eval_y = make_shard(-1, seed)
     params = init_params(seed)
-    initial_loss = float(_loss(params, eval_x, eval_y))
+    initial_loss = float(mse_loss(params, eval_x, eval_y))
     out.write(f"starting {num_workers} workers...\n")
     with LocalCluster(num_workers) as cluster, cluster.coordinator() as coordinator:
         dataset = coordinator.create_per_worker_dataset(lambda: shard_batches(seed, batch_size))
         batches = iter(dataset)
-        progress = _Progress(steps, out)
+        progress = Progress(steps, out)
         victim = num_workers - 1
         restarter: threading.Thread | None = None
         started = time.monotonic()
@@ -181,7 +116,7 @@ def run_demo(
         steps=steps,
         seconds=seconds,
         initial_loss=initial_loss,
-        final_loss=float(_loss(params, eval_x, eval_y)),
+        final_loss=float(mse_loss(params, eval_x, eval_y)),
         completed=int(metrics["completed"]),
         retried=int(metrics["retried"]),
         worker_failures=int(metrics["worker_failures"]),
