@@ -25,6 +25,8 @@ _CLEARED = (
     "SLURM_JOB_ID",
     "SLURM_STEP_GPUS",
     "SLURM_JOB_GPUS",
+    "SLURM_GPUS_PER_TASK",
+    "SLURM_GPUS_ON_NODE",
     "CUDA_VISIBLE_DEVICES",
     "JAX_COORDINATOR_PORT",
     "TF_CONFIG",
@@ -313,3 +315,44 @@ def test_explain_names_public_classes_and_real_defaults(monkeypatch: pytest.Monk
     _step(monkeypatch, 0, "n1", "1")
     text = str(explain(environment="slurm"))
     assert "rpc_layer='grpc' from the SlurmClusterResolver default" in text
+
+
+@pytest.mark.parametrize(
+    ("env", "rank", "own"),
+    [
+        # srun -n4 --gres=gpu:4: every task sees all 4 and Slurm says nothing per task.
+        ({}, 2, "2"),
+        ({"SLURM_GPUS_ON_NODE": "4"}, 3, "3"),
+        # 8 GPUs for 4 tasks on the node: two each, of the bound ids.
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}, 1, "2,3"),
+    ],
+)
+def test_a_node_wide_binding_is_shared_out_by_default(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], rank: int, own: str
+) -> None:
+    _step(monkeypatch, rank, "n1", "4", SLURM_LOCALID=str(rank), CUDA_VISIBLE_DEVICES="0,1,2,3")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    resolver = SlurmClusterResolver()
+    resolver.cluster_spec()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == own
+    assert resolver.num_accelerators() == {"GPU": len(own.split(","))}
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        # --gpus-per-task=4: Slurm says the binding is this task's own.
+        {"SLURM_GPUS_PER_TASK": "4"},
+        # The node has 16 GPUs; the 4 this task sees are its share already.
+        {"SLURM_GPUS_ON_NODE": "16"},
+    ],
+)
+def test_a_binding_slurm_made_per_task_stands_by_default(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str]
+) -> None:
+    _step(monkeypatch, 1, "n1", "4", SLURM_LOCALID="1", CUDA_VISIBLE_DEVICES="4,5,6,7", **env)
+    resolver = SlurmClusterResolver()
+    resolver.cluster_spec()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+    assert resolver.num_accelerators() == {"GPU": 4}

@@ -10,8 +10,9 @@ the layout is checked against where Slurm says this task runs (``SLURMD_NODENAME
 GPUs: when Slurm has bound GPUs to the task (``CUDA_VISIBLE_DEVICES``, ``SLURM_STEP_GPUS``
 or ``SLURM_JOB_GPUS`` is set) a binding of ``gpus_per_task`` GPUs stands (as under
 ``srun --gpus-per-task``), and a node-wide one (``--gres=gpu:4`` with 4 tasks on the node:
-each sees all 4) is split by the task's slot on the node, taking the bound ids; without a
-binding, as TF does, each task on a node gets its own slice of the node's GPUs.
+each sees all 4) is split by the task's slot on the node, taking the bound ids (by default
+into equal shares, as TF splits a node's GPUs); without a binding, as TF does, each task on
+a node gets its own slice of the node's GPUs.
 
 ``jax_distributed_args`` puts the ``jax.distributed`` coordinator on the first task's node
 at the port JAX itself derives from ``SLURM_JOB_ID``, so two jobs sharing a first node do
@@ -60,6 +61,10 @@ CUDA_VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 SLURM_STEP_GPUS_ENV = "SLURM_STEP_GPUS"
 SLURM_JOB_GPUS_ENV = "SLURM_JOB_GPUS"
 SLURM_JOB_ID_ENV = "SLURM_JOB_ID"
+# Set by Slurm under --gpus-per-task (a binding per task), and to the node's GPU count
+# whenever GPUs are allocated: together they tell a task's own binding from its node's.
+SLURM_GPUS_PER_TASK_ENV = "SLURM_GPUS_PER_TASK"
+SLURM_GPUS_ON_NODE_ENV = "SLURM_GPUS_ON_NODE"
 # Where a GPU binding made before this process started shows, most specific first.
 _GPU_BINDING_ENVS = (CUDA_VISIBLE_DEVICES_ENV, SLURM_STEP_GPUS_ENV, SLURM_JOB_GPUS_ENV)
 # JAX's choice for Slurm jobs: one of the top 4096 ports, by job id.
@@ -113,6 +118,17 @@ def _nvidia_smi_gpus() -> int:
     return sum(line.startswith("GPU ") for line in listing.splitlines())
 
 
+def _node_wide(ids: list[str], tasks_on_node: int) -> bool:
+    """Whether a GPU binding this task sees is its node's rather than its own: Slurm says
+    nothing per task (``SLURM_GPUS_PER_TASK`` unset, as under ``--gres=gpu:N`` or
+    ``--gpus-per-node``), the node's GPU count is what the task sees (``SLURM_GPUS_ON_NODE``,
+    when set), and there are at least as many as the node has tasks."""
+    if os.environ.get(SLURM_GPUS_PER_TASK_ENV) or tasks_on_node < 2 or len(ids) < tasks_on_node:
+        return False
+    on_node = os.environ.get(SLURM_GPUS_ON_NODE_ENV, "").strip()
+    return not on_node.isdigit() or int(on_node) == len(ids)
+
+
 def get_num_gpus() -> int:
     """GPUs on this node: from ``CUDA_VISIBLE_DEVICES`` if set (``''`` is zero), else the
     lines of ``nvidia-smi --list-gpus`` (zero when it is missing or fails)."""
@@ -164,10 +180,12 @@ class SlurmClusterResolver(ClusterResolver):
     it is a dict) rather than sorted by name, so ``n9,n10`` matches Slurm's own placement;
     ``--distribution=cyclic`` and ``plane=N`` steps are laid out as Slurm laid them out
     (``arbitrary`` is a ``ValueError``); GPUs Slurm bound to the task are left as they are
-    when they are ``gpus_per_task`` GPUs (the default), and split by the task's slot on the
-    node when they are the node's (more than ``gpus_per_task``: e.g. ``--gres=gpu:4`` with
-    4 tasks and ``gpus_per_task=1``); ``CUDA_VISIBLE_DEVICES=''`` means no GPUs and
-    ``gpus_per_node=0`` is allowed.
+    when they are the task's own (``gpus_per_task`` of them, as under ``--gpus-per-task``),
+    and split by the task's slot on the node when they are the node's: more than
+    ``gpus_per_task``, or, with ``gpus_per_task`` not given, a binding Slurm made per node
+    (``--gres=gpu:4`` with 4 tasks: every task sees all 4, ``SLURM_GPUS_PER_TASK`` is unset),
+    which is shared out one slice per task as TF does; ``CUDA_VISIBLE_DEVICES=''`` means no
+    GPUs and ``gpus_per_node=0`` is allowed.
 
     Example (inside ``srun -N2 --ntasks-per-node=2``)::
 
@@ -207,6 +225,7 @@ class SlurmClusterResolver(ClusterResolver):
                 "passes port 65535; expected a lower port_base"
             )
         self._gpu_binding = _gpu_binding()
+        self._gpus_per_task_given = gpus_per_task is not None
         self._set_gpus(gpus_per_node, gpus_per_task, max_tasks_per_node)
         if sum(self._jobs.values()) != num_tasks:
             raise RuntimeError(
@@ -304,11 +323,15 @@ class SlurmClusterResolver(ClusterResolver):
         if self._gpu_binding is None:
             return None
         name, ids = self._gpu_binding
+        host, slot = self._layout[self._rank]
+        on_node = self._task_configuration[host]
+        if not self._gpus_per_task_given and _node_wide(ids, on_node):
+            # As TF: the node's GPUs shared out among its tasks (one each under --gres=gpu:4
+            # with 4 tasks), instead of every task taking all of them.
+            self._gpus_per_task = len(ids) // on_node
         per_task = self._gpus_per_task
         if len(ids) == per_task:
             return None
-        host, slot = self._layout[self._rank]
-        on_node = self._task_configuration[host]
         if on_node * per_task > len(ids):
             # RuntimeError, as the unbound request that does not fit a node.
             raise RuntimeError(
