@@ -173,8 +173,6 @@ def test_the_coordinator_runs_the_example_program_with_the_token() -> None:
     assert env["CHECKPOINT"].value.startswith(mounts["checkpoints"] + "/")
 
 
-
-
 def flag_value(command: list[str], flag: str) -> str:
     assert flag in command, f"{flag} missing from {command}"
     return command[command.index(flag) + 1]
@@ -275,11 +273,13 @@ def allowed(policy: Any, source_role: str | None, port: int) -> bool:
                 match = peer.namespace_selector.match_labels
                 if match == {"kubernetes.io/metadata.name": "monitoring"}:
                     return True
-            if source_role is not None and peer.pod_selector is not None:
-                if peer.namespace_selector is None and label_selector_matches(
-                    peer.pod_selector, labels[source_role]
-                ):
-                    return True
+            if (
+                source_role is not None
+                and peer.pod_selector is not None
+                and peer.namespace_selector is None
+                and label_selector_matches(peer.pod_selector, labels[source_role])
+            ):
+                return True
     return False
 
 
@@ -289,7 +289,9 @@ def test_network_policies_admit_only_the_coordinator_peers_and_monitoring() -> N
     for role in ("ps", "worker"):
         policy = policies[f"jaxcluster-{role}"]
         assert policy.spec.policy_types == ["Ingress"]
-        selected = [r for r in labels if label_selector_matches(policy.spec.pod_selector, labels[r])]
+        selected = [
+            r for r in labels if label_selector_matches(policy.spec.pod_selector, labels[r])
+        ]
         assert selected == [role]
         container = task_jobs()[role].spec.template.spec.containers[0]
         grpc = int(env_of(container)["JAXCLUSTER_K8S_PORT"].value)
