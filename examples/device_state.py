@@ -21,14 +21,10 @@ Run it::
 
 from __future__ import annotations
 
-import os
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _cluster import cluster, parse_args
 from jaxcluster.coordinator import ClusterCoordinator
 

@@ -35,12 +35,10 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _cluster import cluster, parse_args
 from jaxcluster.cluster_resolver import TFConfigClusterResolver
 from jaxcluster.coordinator import ClusterCoordinator, get_current_worker_index

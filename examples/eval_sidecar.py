@@ -34,7 +34,6 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _cluster import cluster
 from jaxcluster.coordinator import ClusterCoordinator
 from jaxcluster.strategy import ParameterServerStrategy
