@@ -41,8 +41,8 @@ test-python: ## Python tests against the installed package
 lint: ## rustfmt, clippy (pedantic), ruff, stubtest of _core.pyi, zizmor on the workflows
 	cargo fmt --check
 	cargo clippy --all-targets --features python -- -D warnings
-	$(PYTHON) -m ruff check python tests benches
-	$(PYTHON) -m ruff format --check python tests benches
+	$(PYTHON) -m ruff check python tests benches examples deploy
+	$(PYTHON) -m ruff format --check python tests benches examples deploy
 	$(PYTHON) -m mypy.stubtest jaxcluster._core --allowlist .stubtest-allowlist
 	$(ZIZMOR) --offline --quiet .github/workflows
 
@@ -51,7 +51,7 @@ docs: ## The documentation site: mkdocs build --strict, doc examples, headless-C
 
 fmt: ## Format Rust and Python sources
 	cargo fmt
-	$(PYTHON) -m ruff format python tests benches
+	$(PYTHON) -m ruff format python tests benches examples deploy
 
 bench: bench-rust bench-python ## All benchmarks
 

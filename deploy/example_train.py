@@ -9,41 +9,20 @@ The cluster comes from ``jaxcluster.cluster_resolver.resolve()``: set
 with ``JAXCLUSTER_WORKERS``/``JAXCLUSTER_PS`` in the Slurm script) and
 ``JAXCLUSTER_AUTH_TOKEN`` (and ``JAXCLUSTER_TLS_CA`` when the tasks serve TLS, as in the
 Slurm script). ``CHECKPOINT`` names the checkpoint file, ``EPOCHS`` the number
-of epochs.
+of epochs, ``PS_WAIT_TIMEOUT`` how long to wait for the ps tasks to start (seconds).
 """
 
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 
-from jaxcluster import ParameterServerStrategy, errors
+from jaxcluster import ParameterServerStrategy
 from jaxcluster.cluster_resolver import resolve
 
 TARGET = np.array([1.0, -2.0, 3.0, 0.5], np.float32)
 STEPS_PER_EPOCH = 100
-
-
-def wait_for_ps(strategy: ParameterServerStrategy, timeout: float = 300.0) -> None:
-    """Creating variables needs every ps task up; tasks may still be starting."""
-    from jaxcluster._native import core
-
-    spec = strategy.cluster_resolver.cluster_spec()
-    deadline = time.monotonic() + timeout
-    for address in spec.job_tasks("ps"):
-        client = core.PsClient(
-            address, auth_token=strategy.auth_token, timeout=5.0, tls_ca=strategy.tls_ca
-        )
-        while True:
-            try:
-                client.get_status()
-                break
-            except errors.UnavailableError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1.0)
 
 
 def main() -> None:
@@ -52,7 +31,8 @@ def main() -> None:
     checkpoint = os.environ.get("CHECKPOINT", "/tmp/jaxcluster-example.ckpt")
     epochs = int(os.environ.get("EPOCHS", "5"))
     strategy = ParameterServerStrategy(resolve())
-    wait_for_ps(strategy)
+    # Creating variables needs every ps task up; in a new job they may still be starting.
+    strategy.wait_for_ps(timeout=float(os.environ.get("PS_WAIT_TIMEOUT", "300")))
     with strategy.scope():
         weights = strategy.Variable(np.zeros(4, np.float32), name="weights")
         step = strategy.Variable(0, name="step")

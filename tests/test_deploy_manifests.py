@@ -18,6 +18,9 @@ from kubernetes import client
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 K8S = DEPLOY / "kubernetes"
 TOKEN_MOUNT = "/var/run/secrets/jaxcluster"
+TLS_MOUNT = "/var/run/jaxcluster-tls"
+CA_MOUNT = "/var/run/secrets/jaxcluster-ca"
+METRICS_PORT = 9090
 
 
 def documents() -> list[tuple[str, dict[str, Any]]]:
@@ -32,7 +35,12 @@ def documents() -> list[tuple[str, dict[str, Any]]]:
 def model(doc: dict[str, Any]) -> Any:
     """The ``kubernetes.client`` model for ``doc`` (e.g. ``V1Job``)."""
     api_version = doc["apiVersion"]
-    assert api_version in ("v1", "batch/v1", "rbac.authorization.k8s.io/v1"), api_version
+    assert api_version in (
+        "v1",
+        "batch/v1",
+        "rbac.authorization.k8s.io/v1",
+        "networking.k8s.io/v1",
+    ), api_version
     klass = f"V1{doc['kind']}"
     assert hasattr(client, klass), f"kubernetes.client has no {klass}"
     return client.ApiClient()._ApiClient__deserialize(doc, klass)
@@ -48,6 +56,7 @@ def test_every_document_round_trips_through_the_client_models() -> None:
     assert kinds == [
         "ConfigMap",
         "Job",
+        "NetworkPolicy",
         "PersistentVolumeClaim",
         "Role",
         "RoleBinding",
@@ -80,15 +89,16 @@ def test_workers_and_ps_are_indexed_jobs_started_from_the_resolver() -> None:
         assert container.command[:4] == ["jaxcluster", role, "--from-resolver", "kubernetes"]
         token_file = container.command[container.command.index("--auth-token-file") + 1]
         assert token_file.startswith(TOKEN_MOUNT + "/")
-        assert [m.mount_path for m in container.volume_mounts] == [TOKEN_MOUNT]
-        (volume,) = pod.volumes
-        assert volume.secret.secret_name == "jaxcluster-token"
+        mounts = {m.name: m.mount_path for m in container.volume_mounts}
+        assert mounts == {"token": TOKEN_MOUNT, "tls": TLS_MOUNT, "tmp": "/tmp"}
+        volumes = {v.name: v for v in pod.volumes}
+        assert volumes["token"].secret.secret_name == "jaxcluster-token"
         env = env_of(container)
         assert env["JAXCLUSTER_TASK_TYPE"].value == role
         index_field = env["JAXCLUSTER_TASK_ID"].value_from.field_ref.field_path
         assert index_field == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
         port = int(env["JAXCLUSTER_K8S_PORT"].value)
-        assert [p.container_port for p in container.ports] == [port]
+        assert [p.container_port for p in container.ports] == [port, METRICS_PORT]
         assert container.readiness_probe.tcp_socket.port == port
 
 
@@ -150,6 +160,9 @@ def test_the_coordinator_runs_the_example_program_with_the_token() -> None:
     assert container.command == ["python", "/opt/jaxcluster/train.py"]
     env = env_of(container)
     assert env["JAXCLUSTER_ENVIRONMENT"].value == "kubernetes"
+    # The program waits for the ps tasks through the public API, not jaxcluster._native.
+    assert "strategy.wait_for_ps(" in config_map.data["train.py"]
+    assert "_native" not in config_map.data["train.py"]
     secret = env["JAXCLUSTER_AUTH_TOKEN"].value_from.secret_key_ref
     assert (secret.name, secret.key) == ("jaxcluster-token", "token")
     volumes = {v.name: v for v in job.spec.template.spec.volumes}
@@ -158,6 +171,141 @@ def test_the_coordinator_runs_the_example_program_with_the_token() -> None:
     assert claim in by_kind("PersistentVolumeClaim")
     mounts = {m.name: m.mount_path for m in container.volume_mounts}
     assert env["CHECKPOINT"].value.startswith(mounts["checkpoints"] + "/")
+
+
+def flag_value(command: list[str], flag: str) -> str:
+    assert flag in command, f"{flag} missing from {command}"
+    return command[command.index(flag) + 1]
+
+
+def test_workers_and_ps_serve_tls_with_a_certificate_from_the_ca_secret() -> None:
+    for role, job in task_jobs().items():
+        pod = job.spec.template.spec
+        (container,) = pod.containers
+        cert = flag_value(container.command, "--tls-cert")
+        key = flag_value(container.command, "--tls-key")
+        assert cert == f"{TLS_MOUNT}/server.pem" and key == f"{TLS_MOUNT}/server.key", role
+        # Workers verify the ps tasks (and every task its peers) against the CA.
+        assert env_of(container)["JAXCLUSTER_TLS_CA"].value == f"{TLS_MOUNT}/ca.pem"
+        volumes = {v.name: v for v in pod.volumes}
+        assert volumes["tls"].empty_dir.medium == "Memory"
+        assert volumes["ca"].secret.secret_name == "jaxcluster-tls"
+        # The serving container never sees the CA key: only the init container mounts it,
+        # and it issues the certificate for the pod's IP (what the resolver dials).
+        assert "ca" not in {m.name for m in container.volume_mounts}
+        (init,) = pod.init_containers
+        script = " ".join(init.command)
+        assert "jaxcluster tls issue /var/run/jaxcluster-tls" in script
+        assert '"$POD_IP"' in script and "rm -f /var/run/jaxcluster-tls/ca.key" in script
+        assert env_of(init)["POD_IP"].value_from.field_ref.field_path == "status.podIP"
+        init_mounts = {m.name: m.mount_path for m in init.volume_mounts}
+        assert init_mounts == {"ca": CA_MOUNT, "tls": TLS_MOUNT}
+
+
+def test_the_token_is_never_in_clear_text() -> None:
+    for name, doc in documents():
+        text = yaml.safe_dump(doc)
+        assert "--auth-token " not in text and "--auth-token=" not in text, name
+        if doc["kind"] == "Secret":
+            raise AssertionError(f"{name} commits a Secret; create it with kubectl instead")
+    for job in by_kind("Job").values():
+        pod = job.spec.template.spec
+        for container in [*pod.containers, *(pod.init_containers or [])]:
+            env = env_of(container) if container.env else {}
+            token = env.get("JAXCLUSTER_AUTH_TOKEN")
+            if token is not None:
+                assert token.value is None and token.value_from.secret_key_ref is not None
+            # Whoever holds a token also talks TLS: a CA to verify the tasks with.
+            holds_token = token is not None or "--auth-token-file" in container.command
+            if holds_token:
+                assert env["JAXCLUSTER_TLS_CA"].value.endswith("/ca.pem"), job.metadata.name
+
+
+def test_every_container_runs_unprivileged_on_a_read_only_root() -> None:
+    for job in by_kind("Job").values():
+        pod = job.spec.template.spec
+        assert pod.security_context.run_as_non_root is True
+        assert pod.security_context.run_as_user not in (None, 0)
+        assert pod.security_context.seccomp_profile.type == "RuntimeDefault"
+        for container in [*pod.containers, *(pod.init_containers or [])]:
+            context = container.security_context
+            where = f"{job.metadata.name}/{container.name}"
+            assert context.allow_privilege_escalation is False, where
+            assert context.read_only_root_filesystem is True, where
+            assert context.run_as_non_root is True, where
+            assert context.capabilities.drop == ["ALL"], where
+            assert not context.capabilities.add, where
+            assert not context.privileged, where
+
+
+def test_the_coordinator_gets_the_ca_certificate_but_not_its_key() -> None:
+    job = by_kind("Job")["jaxcluster-coordinator"]
+    (container,) = job.spec.template.spec.containers
+    assert env_of(container)["JAXCLUSTER_TLS_CA"].value == f"{CA_MOUNT}/ca.pem"
+    volumes = {v.name: v for v in job.spec.template.spec.volumes}
+    ca = volumes["ca"].secret
+    assert ca.secret_name == "jaxcluster-tls"
+    assert [(i.key, i.path) for i in ca.items] == [("ca.pem", "ca.pem")]
+
+
+def pods_labels() -> dict[str, dict[str, str]]:
+    return {
+        name.removeprefix("jaxcluster-"): job.spec.template.metadata.labels
+        for name, job in by_kind("Job").items()
+    }
+
+
+def label_selector_matches(selector: Any, labels: dict[str, str]) -> bool:
+    assert not selector.match_expressions
+    return all(labels.get(k) == v for k, v in (selector.match_labels or {}).items())
+
+
+def allowed(policy: Any, source_role: str | None, port: int) -> bool:
+    """Whether the policy admits ``source_role``'s pods (``None``: a pod in the monitoring
+    namespace) on ``port``."""
+    labels = pods_labels()
+    for rule in policy.spec.ingress:
+        ports = [p.port for p in rule.ports] if rule.ports else None
+        if ports is not None and port not in ports:
+            continue
+        for peer in rule._from:
+            if source_role is None and peer.namespace_selector is not None:
+                match = peer.namespace_selector.match_labels
+                if match == {"kubernetes.io/metadata.name": "monitoring"}:
+                    return True
+            if (
+                source_role is not None
+                and peer.pod_selector is not None
+                and peer.namespace_selector is None
+                and label_selector_matches(peer.pod_selector, labels[source_role])
+            ):
+                return True
+    return False
+
+
+def test_network_policies_admit_only_the_coordinator_peers_and_monitoring() -> None:
+    policies = by_kind("NetworkPolicy")
+    labels = pods_labels()
+    for role in ("ps", "worker"):
+        policy = policies[f"jaxcluster-{role}"]
+        assert policy.spec.policy_types == ["Ingress"]
+        selected = [
+            r for r in labels if label_selector_matches(policy.spec.pod_selector, labels[r])
+        ]
+        assert selected == [role]
+        container = task_jobs()[role].spec.template.spec.containers[0]
+        grpc = int(env_of(container)["JAXCLUSTER_K8S_PORT"].value)
+        assert int(flag_value(container.command, "--metrics-port")) == METRICS_PORT
+        assert flag_value(container.command, "--metrics-host") == "0.0.0.0"
+        assert allowed(policy, "coordinator", grpc)
+        assert allowed(policy, None, METRICS_PORT)
+        assert not allowed(policy, None, grpc)
+        assert not allowed(policy, "coordinator", 22)
+    # ps tasks are reached by the workers (variables); workers by their slice peers.
+    assert allowed(policies["jaxcluster-ps"], "worker", 8470)
+    assert not allowed(policies["jaxcluster-ps"], "ps", 8470)
+    assert allowed(policies["jaxcluster-worker"], "worker", 8470)
+    assert not allowed(policies["jaxcluster-worker"], "ps", 8470)
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")

@@ -35,7 +35,7 @@ import numpy as np
 
 from jaxcluster._auth import auth_token_from_env
 from jaxcluster._tls import ca_from_env, load_ca
-from jaxcluster.strategy import _checkpointing
+from jaxcluster.strategy import _checkpointing, _ps_wait
 from jaxcluster.strategy.variables import ParameterServerVariable, Shard
 
 __all__ = ["ParameterServerStrategy"]
@@ -176,6 +176,24 @@ class ParameterServerStrategy:
         """Every variable made by this strategy, in creation order."""
         with self._lock:
             return list(self._variables.values())
+
+    def wait_for_ps(self, timeout: float | None = None) -> None:
+        """Returns once every ps task answers; call it before creating variables when the
+        ps tasks may still be starting (a new Kubernetes or Slurm job).
+
+        Raises ``DeadlineExceededError`` naming the ps tasks that did not answer within
+        ``timeout`` seconds (``None``: wait until they do). A ps task that answers but
+        rejects this strategy's token or CA raises at once (e.g. ``UnauthenticatedError``).
+        The wait is interruptible (Ctrl-C).
+
+        Example::
+
+            strategy = ParameterServerStrategy(resolve())
+            strategy.wait_for_ps(timeout=300)
+            with strategy.scope():
+                weights = strategy.Variable(np.zeros(4, np.float32))
+        """
+        _ps_wait.wait_for_ps(self._ps, self._token, self._tls_ca, timeout)
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[ParameterServerStrategy]:
