@@ -13,10 +13,12 @@ use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use super::client::status_dict;
 use super::convert::{duration, server_limits};
 use super::dispatch_convert::latency_dict;
-use crate::rpc::codes::{function_kind_name, parse_code, parse_error_kind};
-use crate::rpc::connections::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION};
-use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
+use crate::rpc::server::connections::{
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION,
+};
+use crate::rpc::wire::codes::{function_kind_name, parse_code, parse_error_kind};
+use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::worker::store::DEFAULT_MAX_FUNCTION_BYTES;
 use crate::worker::{Job, JobReply, JobRequest, Pop, WorkerConfig, WorkerError, WorkerServer};
 
@@ -71,7 +73,8 @@ impl PyWorkerServer {
         slice_size: Option<u32>,
     ) -> PyResult<Self> {
         let slice = slice_membership(slice_index, slice_rank, slice_size)?;
-        let tls = crate::rpc::tls::server_tls(tls_cert, tls_key).map_err(PyValueError::new_err)?;
+        let tls = crate::rpc::security::tls::server_tls(tls_cert, tls_key)
+            .map_err(PyValueError::new_err)?;
         let limits = server_limits(
             max_connections,
             max_streams_per_connection,

@@ -13,7 +13,7 @@ use super::jobs::{JobReply, JobRequest};
 use super::outgoing::Outgoing;
 use super::reader;
 use super::state::WorkerState;
-use crate::rpc::chunks;
+use crate::rpc::wire::chunks;
 use crate::rpc::{pb, PROTOCOL_REVISION, REVISION_HEADER};
 
 /// The unary methods `CallChunked` carries.

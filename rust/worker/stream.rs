@@ -40,8 +40,8 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use crate::rpc::limits::{too_large, BATCH_MESSAGE_BYTES};
 use crate::rpc::pb;
+use crate::rpc::wire::limits::{too_large, BATCH_MESSAGE_BYTES};
 
 /// Most answers sent in one response message; a bound on how long the first answer of a
 /// batch can wait behind the encoding of the others.

@@ -66,7 +66,7 @@ use crate::dispatch::resources::ResourceState;
 use crate::dispatch::result_cell::EncodedValue;
 use crate::dispatch::transport::WorkerTransport;
 use crate::queue::TryGetError;
-use crate::rpc::limits::BATCH_MESSAGE_BYTES;
+use crate::rpc::wire::limits::BATCH_MESSAGE_BYTES;
 use crate::rpc::{pb, ClosureChannel, RpcError};
 
 /// What wrapping one closure in a `RunClosuresRequest` adds at most (tag and length).
