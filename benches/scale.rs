@@ -154,14 +154,9 @@ fn echo(server: &WorkerServer, stopping: &AtomicBool) {
             Pop::Empty | Pop::Busy => continue,
         };
         let reply = match job.request().clone() {
-            JobRequest::Run {
-                closure_id, args, ..
-            } => JobReply::Run(pb::RunClosureResponse {
-                closure_id,
-                outcome: Some(pb::run_closure_response::Outcome::Result(
-                    args.unwrap_or_default(),
-                )),
-            }),
+            JobRequest::Run { args, .. } => JobReply::Run(
+                pb::run_closure_response::Outcome::Result(args.unwrap_or_default()),
+            ),
             JobRequest::CreateResource { resource_id, .. } => {
                 JobReply::CreateResource(pb::CreateResourceResponse {
                     resource_id,

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 
-pub use jobs::{Job, JobReply, JobRequest, Pop};
+pub use jobs::{Job, JobReply, JobRequest, Pop, Ran};
 
 use crate::rpc::pb;
 use crate::rpc::security::auth::{validate_token, AuthCheck};

@@ -299,7 +299,7 @@ async fn a_stream_emulated_over_unary_calls_keeps_the_streams_rules() {
 #[tokio::test]
 async fn answers_are_gathered_into_messages_of_half_a_frame() {
     use crate::rpc::wire::limits::BATCH_MESSAGE_BYTES;
-    use crate::worker::stream::{reply_channel, Outbound};
+    use crate::worker::stream::{reply_channel, Answer, Outbound};
     use prost::Message as _;
     use tokio_stream::StreamExt as _;
 
@@ -313,7 +313,7 @@ async fn answers_are_gathered_into_messages_of_half_a_frame() {
             closure_id: id,
             outcome: Some(pb::closure_reply::Outcome::Result(value)),
         };
-        sender.send(Outbound::Reply(reply)).unwrap();
+        sender.send(Outbound::Reply(Answer::new(reply))).unwrap();
     }
     drop(sender);
     let (mut ids, mut counts) = (Vec::new(), Vec::new());
