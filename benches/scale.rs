@@ -67,7 +67,7 @@ fn main() {
         (true, false) => vec![10],
     };
     // A thousand connections need more than the common default of 1,024 open files.
-    let _ = _core::rpc::connections::raise_file_limit();
+    let _ = _core::rpc::server::connections::raise_file_limit();
     println!(
         "{:>8} {:>10} {:>8} {:>12} {:>10} {:>9} {:>14} {:>14} {:>16}",
         "workers",
@@ -88,7 +88,7 @@ fn main() {
 /// The child: `count` echo workers; prints their addresses, one per line, then `ready`,
 /// and serves until stdin closes.
 fn serve(count: usize) {
-    let _ = _core::rpc::connections::raise_file_limit();
+    let _ = _core::rpc::server::connections::raise_file_limit();
     let stopping = Arc::new(AtomicBool::new(false));
     let mut servers = Vec::with_capacity(count);
     for index in 0..count {
@@ -154,14 +154,9 @@ fn echo(server: &WorkerServer, stopping: &AtomicBool) {
             Pop::Empty | Pop::Busy => continue,
         };
         let reply = match job.request().clone() {
-            JobRequest::Run {
-                closure_id, args, ..
-            } => JobReply::Run(pb::RunClosureResponse {
-                closure_id,
-                outcome: Some(pb::run_closure_response::Outcome::Result(
-                    args.unwrap_or_default(),
-                )),
-            }),
+            JobRequest::Run { args, .. } => JobReply::Run(
+                pb::run_closure_response::Outcome::Result(args.unwrap_or_default()),
+            ),
             JobRequest::CreateResource { resource_id, .. } => {
                 JobReply::CreateResource(pb::CreateResourceResponse {
                     resource_id,

@@ -4,7 +4,7 @@
 //! # What counts
 //!
 //! A death counts against a closure when the worker's `RunClosures` stream broke (or the
-//! worker fell silent, see `link/pipeline.rs`) while that closure was the oldest one
+//! worker fell silent, see `link/answers.rs`) while that closure was the oldest one
 //! outstanding on it: the one the worker runs, since it runs a stream's closures in order.
 //! Not counted: a worker that died while idle (the stream had nothing outstanding, or the
 //! stream could not even be opened), closures queued behind the running one (they are

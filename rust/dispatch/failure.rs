@@ -3,7 +3,7 @@
 
 use tonic::Code;
 
-use crate::rpc::codes::{error_class, error_kind_name};
+use crate::rpc::wire::codes::{error_class, error_kind_name};
 use crate::rpc::{pb, RpcError};
 
 /// What kind of failure ended a closure; decides the Python exception class.
@@ -21,7 +21,7 @@ pub enum FailureKind {
 }
 
 impl FailureKind {
-    /// The kind's name, as [`crate::rpc::codes::error_kind_name`] spells it: `"user"`,
+    /// The kind's name, as [`crate::rpc::wire::codes::error_kind_name`] spells it: `"user"`,
     /// `"input"` or `"infrastructure"`.
     pub fn name(self) -> &'static str {
         error_kind_name(match self {

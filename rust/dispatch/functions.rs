@@ -12,7 +12,7 @@ use crate::rpc::{content_hash, hex, pb, HASH_LEN};
 pub type FunctionHash = [u8; HASH_LEN];
 
 /// How a worker loads a payload: the protocol's own enum, named by
-/// [`crate::rpc::codes::function_kind_name`].
+/// [`crate::rpc::wire::codes::function_kind_name`].
 pub use crate::rpc::pb::FunctionKind;
 
 /// A registered function payload; shared by every closure and link that uses it.

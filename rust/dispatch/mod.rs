@@ -107,7 +107,7 @@
 //! - Closures travel on `RunClosures` streams only; unary `RunClosure` stays in the
 //!   protocol for other clients (e.g. `grpcio`), and for workers of protocol revision 1
 //!   (before `RunClosures`): the client emulates the stream over unary calls for them
-//!   (`rpc::emulated`), one closure per round trip, without pipelining's gain.
+//!   (`rpc::client::emulated`), one closure per round trip, without pipelining's gain.
 //! - A closure handed back unstarted (reclaimed, or halted by another's failure) is not a
 //!   retry: `retried` counts executions that started (or may have) and must run again.
 //! - Scheduling with a released per-worker resource is refused at once (`InvalidArgument`)

@@ -1,6 +1,6 @@
 //! A tonic client for one parameter server, wrapped by `jaxcluster._core.PsClient`.
 //!
-//! Built on the same [`crate::rpc::channel`] as [`crate::rpc::WorkerClient`]: a lazily
+//! Built on the same [`crate::rpc::client::channel`] as [`crate::rpc::WorkerClient`]: a lazily
 //! connecting channel that reconnects by itself (a restarted ps is usable as soon as it
 //! answers), the bearer-token interceptor, the shared size limits and flow-control windows,
 //! and a per-call deadline. Clones share the connection.
@@ -13,9 +13,10 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 
 use super::dtype::Op;
-use crate::rpc::auth::BearerToken;
-use crate::rpc::channel::{self, Callee, Peer};
+use crate::rpc::client::channel::{self, Callee, Peer};
+use crate::rpc::client::chunked::{ChunkStream, ChunkedAnswer};
 use crate::rpc::client::ClientConfig;
+use crate::rpc::security::auth::BearerToken;
 use crate::rpc::{pb, RpcError};
 
 type Inner =
@@ -26,7 +27,6 @@ type Inner =
 pub struct PsClient {
     inner: Inner,
     callee: Callee,
-    max_message_bytes: usize,
 }
 
 /// What sets a ps apart, as the shared client code sees it: large frames for multi-megabyte
@@ -52,40 +52,13 @@ impl PsClient {
         .max_encoding_message_size(limit);
         Ok(Self {
             inner,
-            callee: Callee::new(&PS, config.address.clone()),
-            max_message_bytes: limit,
+            callee: Callee::new(&PS, config.address.clone(), limit),
         })
     }
 
     /// The address this client was made for, as given.
     pub fn address(&self) -> &str {
         self.callee.address()
-    }
-
-    /// Runs `method` through `CallChunked`, for messages above the size limit (protocol
-    /// revision 4; see [`Callee::call_chunked`]).
-    async fn chunked<Req, Resp>(
-        &self,
-        method: &str,
-        timeout: Option<Duration>,
-        request: &Req,
-    ) -> Result<Resp, RpcError>
-    where
-        Req: prost::Message,
-        Resp: prost::Message + Default,
-    {
-        let mut c = self.inner.clone();
-        let limit = self.max_message_bytes;
-        self.callee
-            .call_chunked(method, timeout, request, limit, |r| async move {
-                c.call_chunked(r).await
-            })
-            .await
-    }
-
-    /// Whether `request` is too large for one message.
-    fn too_large(&self, request: &impl prost::Message) -> bool {
-        request.encoded_len() > self.max_message_bytes
     }
 
     /// Identity and counters of the ps.
@@ -108,17 +81,16 @@ impl PsClient {
         request: pb::CreateVariableRequest,
         timeout: Option<Duration>,
     ) -> Result<bool, RpcError> {
-        if self.too_large(&request) {
-            let response: pb::CreateVariableResponse =
-                self.chunked("CreateVariable", timeout, &request).await?;
-            return Ok(response.replaced);
-        }
-        let mut c = self.inner.clone();
         let response = self
             .callee
-            .call("CreateVariable", timeout, request, |r| async move {
-                c.create_variable(r).await
-            })
+            .call_sized(
+                &self.inner,
+                "CreateVariable",
+                timeout,
+                request,
+                |mut c, r| async move { c.create_variable(r).await },
+                open_chunked,
+            )
             .await?;
         Ok(response.replaced)
     }
@@ -140,7 +112,11 @@ impl PsClient {
         match unary {
             // A value above the message limit: read it again in chunks (a read changes
             // nothing, so asking twice is safe).
-            Err(RpcError::ResourceExhausted(_)) => self.chunked("Read", timeout, &request).await,
+            Err(RpcError::ResourceExhausted(_)) => {
+                self.callee
+                    .call_chunked(&self.inner, "Read", timeout, &request, open_chunked)
+                    .await
+            }
             other => other,
         }
     }
@@ -152,40 +128,36 @@ impl PsClient {
         request: pb::UpdateRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::UpdateResponse, RpcError> {
+        let method = match op {
+            Op::Assign => "Assign",
+            Op::Add => "AssignAdd",
+            Op::Sub => "AssignSub",
+        };
         // The value read back is as large as the value sent: chunk both when that is large.
-        let answer_too = if request.read_value { 2 } else { 1 };
-        if request.encoded_len() * answer_too > self.max_message_bytes {
-            let method = match op {
-                Op::Assign => "Assign",
-                Op::Add => "AssignAdd",
-                Op::Sub => "AssignSub",
-            };
-            return self.chunked(method, timeout, &request).await;
+        if request.read_value && request.encoded_len() * 2 > self.callee.max_message_bytes() {
+            return self
+                .callee
+                .call_chunked(&self.inner, method, timeout, &request, open_chunked)
+                .await;
         }
-        let mut c = self.inner.clone();
+        let (inner, callee) = (&self.inner, &self.callee);
         match op {
             Op::Assign => {
-                self.callee
-                    .call(
-                        "Assign",
-                        timeout,
-                        request,
-                        |r| async move { c.assign(r).await },
-                    )
+                let unary = |mut c: Inner, r| async move { c.assign(r).await };
+                callee
+                    .call_sized(inner, method, timeout, request, unary, open_chunked)
                     .await
             }
             Op::Add => {
-                self.callee
-                    .call("AssignAdd", timeout, request, |r| async move {
-                        c.assign_add(r).await
-                    })
+                let unary = |mut c: Inner, r| async move { c.assign_add(r).await };
+                callee
+                    .call_sized(inner, method, timeout, request, unary, open_chunked)
                     .await
             }
             Op::Sub => {
-                self.callee
-                    .call("AssignSub", timeout, request, |r| async move {
-                        c.assign_sub(r).await
-                    })
+                let unary = |mut c: Inner, r| async move { c.assign_sub(r).await };
+                callee
+                    .call_sized(inner, method, timeout, request, unary, open_chunked)
                     .await
             }
         }
@@ -197,14 +169,15 @@ impl PsClient {
         request: pb::ScatterAddRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::UpdateResponse, RpcError> {
-        if self.too_large(&request) {
-            return self.chunked("ScatterAdd", timeout, &request).await;
-        }
-        let mut c = self.inner.clone();
         self.callee
-            .call("ScatterAdd", timeout, request, |r| async move {
-                c.scatter_add(r).await
-            })
+            .call_sized(
+                &self.inner,
+                "ScatterAdd",
+                timeout,
+                request,
+                |mut c, r| async move { c.scatter_add(r).await },
+                open_chunked,
+            )
             .await
     }
 
@@ -241,7 +214,9 @@ impl PsClient {
         let response: pb::ReadManyResponse = match unary {
             // Values above the message limit: read again in chunks (reads change nothing).
             Err(RpcError::ResourceExhausted(_)) => {
-                self.chunked("ReadMany", timeout, &request).await?
+                self.callee
+                    .call_chunked(&self.inner, "ReadMany", timeout, &request, open_chunked)
+                    .await?
             }
             other => other?,
         };
@@ -254,17 +229,16 @@ impl PsClient {
         request: pb::AssignManyRequest,
         timeout: Option<Duration>,
     ) -> Result<(u32, u32), RpcError> {
-        if self.too_large(&request) {
-            let response: pb::AssignManyResponse =
-                self.chunked("AssignMany", timeout, &request).await?;
-            return Ok((response.assigned, response.created));
-        }
-        let mut c = self.inner.clone();
         let response = self
             .callee
-            .call("AssignMany", timeout, request, |r| async move {
-                c.assign_many(r).await
-            })
+            .call_sized(
+                &self.inner,
+                "AssignMany",
+                timeout,
+                request,
+                |mut c, r| async move { c.assign_many(r).await },
+                open_chunked,
+            )
             .await?;
         Ok((response.assigned, response.created))
     }
@@ -285,6 +259,11 @@ impl PsClient {
             .await?;
         Ok(response.deleted)
     }
+}
+
+/// Starts a `CallChunked` call on `client`, for [`Callee::call_sized`].
+async fn open_chunked(mut client: Inner, request: tonic::Request<ChunkStream>) -> ChunkedAnswer {
+    client.call_chunked(request).await
 }
 
 /// The error for a failed call. A call whose connection broke before the ps answered

@@ -25,15 +25,15 @@ pub use client::PsClient;
 pub use dtype::{DType, Op};
 pub use store::{StoreError, VariableStore};
 
-use crate::rpc::auth::{validate_token, AuthCheck, AUTHORIZATION};
-use crate::rpc::connections::{ConnectionStats, ServerLimits};
-use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
 use crate::rpc::pb;
-use crate::rpc::serve::{self, BindError, Serving};
+use crate::rpc::security::auth::{validate_token, AuthCheck, AUTHORIZATION};
+use crate::rpc::server::connections::{ConnectionStats, ServerLimits};
+use crate::rpc::server::serve::{self, BindError, Serving};
+use crate::rpc::wire::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
 use service::{PsService, PsShared, PsStats};
 
-/// Largest HTTP/2 frame each side accepts (shared with workers, see `rpc::limits`).
-pub use crate::rpc::limits::MAX_FRAME_BYTES;
+/// Largest HTTP/2 frame each side accepts (shared with workers, see `rpc::wire::limits`).
+pub use crate::rpc::wire::limits::MAX_FRAME_BYTES;
 
 /// How to start a parameter server.
 #[derive(Debug, Clone)]
@@ -47,7 +47,7 @@ pub struct PsConfig {
     /// Largest request or response, in bytes.
     pub max_message_bytes: usize,
     /// Serve TLS with this certificate and key; plaintext when `None`.
-    pub tls: Option<crate::rpc::tls::ServerTls>,
+    pub tls: Option<crate::rpc::security::tls::ServerTls>,
     /// Connections, streams per connection, and the time to authenticate.
     pub limits: ServerLimits,
 }
@@ -160,7 +160,7 @@ impl PsServer {
             config.tls.as_ref(),
             Some(MAX_FRAME_BYTES),
             &limits,
-            crate::rpc::limits::rewrite_ps_status,
+            crate::rpc::wire::limits::rewrite_ps_status,
         )
         .map_err(|e| PsError::Config(e.to_string()))?
         .add_service(InterceptedService::new(service, auth));

@@ -12,8 +12,8 @@ use tonic::{Request, Response, Status, Streaming};
 use super::dtype::Op;
 use super::store::{StoreError, Updated, VariableStore};
 use super::tensor::TensorView;
-use crate::rpc::chunks::{self, answer};
-use crate::rpc::limits::too_large;
+use crate::rpc::wire::chunks::{self, answer};
+use crate::rpc::wire::limits::too_large;
 use crate::rpc::{pb, PROTOCOL_REVISION};
 
 /// Monotonic counters reported by `GetStatus`.
@@ -50,7 +50,7 @@ pub struct PsShared {
     /// When the server started.
     pub started: Instant,
     /// Connections admitted and dropped (shared with the accept loop).
-    pub connections: Arc<crate::rpc::connections::ConnectionStats>,
+    pub connections: Arc<crate::rpc::server::connections::ConnectionStats>,
 }
 
 fn count(counter: &AtomicU64, n: u64) {

@@ -9,7 +9,7 @@
 //! array sent back, a `jax.Array`'s host memory, `bytes`) be sent without being copied.
 //!
 //! This is the crate's `unsafe` code (besides the one forwarding `BufMut` implementation in
-//! `rpc/frames.rs`): exporting memory through the buffer protocol and reading an
+//! `rpc/wire/frames.rs`): exporting memory through the buffer protocol and reading an
 //! exporter's memory are raw-pointer operations by definition. Both need
 //! the limited API of Python 3.11 (`abi3-py311`).
 #![allow(unsafe_code)]

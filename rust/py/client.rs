@@ -14,8 +14,8 @@ use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use super::convert::{client_config, duration, to_bytes};
 use super::errors::new_error;
 use super::outcome::PyClosureError;
-use crate::rpc::codes::parse_function_kind;
-use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::rpc::wire::codes::parse_function_kind;
+use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::{pb, WorkerClient};
 
 fn value(

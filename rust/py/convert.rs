@@ -7,7 +7,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
-use crate::rpc::connections::ServerLimits;
+use crate::rpc::server::connections::ServerLimits;
 use crate::rpc::ClientConfig;
 
 /// Converts a Python timeout in seconds (`None`: no limit) to a `Duration`.
@@ -32,7 +32,8 @@ pub(crate) fn client_config(
     tls_domain: Option<String>,
 ) -> PyResult<ClientConfig> {
     let mut config = ClientConfig::new(address);
-    config.tls = crate::rpc::tls::client_tls(tls_ca, tls_domain).map_err(PyValueError::new_err)?;
+    config.tls =
+        crate::rpc::security::tls::client_tls(tls_ca, tls_domain).map_err(PyValueError::new_err)?;
     config.auth_token = auth_token;
     config.max_message_bytes = max_message_bytes;
     config.connect_timeout =

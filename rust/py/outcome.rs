@@ -11,8 +11,8 @@ use pyo3::types::{PyBytes, PyList};
 
 use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use crate::dispatch::{ClosureFailure, EncodedValue, Outcome};
-use crate::rpc::codes::{code_name, error_class, error_kind_name, parse_code};
 use crate::rpc::pb;
+use crate::rpc::wire::codes::{code_name, error_class, error_kind_name, parse_code};
 
 /// A closure's result as the worker sent it: a pickle and its out-of-band buffers.
 #[pyclass(frozen, module = "jaxcluster._core", name = "EncodedValue")]

@@ -13,12 +13,14 @@ use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use super::client::status_dict;
 use super::convert::{duration, server_limits};
 use super::dispatch_convert::latency_dict;
-use crate::rpc::codes::{function_kind_name, parse_code, parse_error_kind};
-use crate::rpc::connections::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION};
-use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
+use crate::rpc::server::connections::{
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION,
+};
+use crate::rpc::wire::codes::{function_kind_name, parse_code, parse_error_kind};
+use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::worker::store::DEFAULT_MAX_FUNCTION_BYTES;
-use crate::worker::{Job, JobReply, JobRequest, Pop, WorkerConfig, WorkerError, WorkerServer};
+use crate::worker::{Job, JobReply, JobRequest, Pop, Ran, WorkerConfig, WorkerError, WorkerServer};
 
 fn worker_error(error: WorkerError) -> PyErr {
     match error {
@@ -71,7 +73,8 @@ impl PyWorkerServer {
         slice_size: Option<u32>,
     ) -> PyResult<Self> {
         let slice = slice_membership(slice_index, slice_rank, slice_size)?;
-        let tls = crate::rpc::tls::server_tls(tls_cert, tls_key).map_err(PyValueError::new_err)?;
+        let tls = crate::rpc::security::tls::server_tls(tls_cert, tls_key)
+            .map_err(PyValueError::new_err)?;
         let limits = server_limits(
             max_connections,
             max_streams_per_connection,
@@ -318,19 +321,16 @@ impl PyWorkerJob {
         released: u32,
     ) -> PyResult<()> {
         let reply = match &self.request {
-            JobRequest::Run { closure_id, .. } => {
+            JobRequest::Run { .. } => {
                 let Some(pickle) = value else {
                     return Err(PyValueError::new_err(
                         "reply_ok() for a 'run' job needs the pickled result as `value`",
                     ));
                 };
-                JobReply::Run(pb::RunClosureResponse {
-                    closure_id: *closure_id,
-                    outcome: Some(pb::run_closure_response::Outcome::Result(pb::Value {
-                        pickle: bytes_of(&pickle, "value")?,
-                        buffers: bytes_of_all(&buffers, "each buffer")?,
-                    })),
-                })
+                JobReply::Run(Ran::Result(pb::Value {
+                    pickle: bytes_of(&pickle, "value")?,
+                    buffers: bytes_of_all(&buffers, "each buffer")?,
+                }))
             }
             JobRequest::CreateResource { resource_id, .. } => {
                 JobReply::CreateResource(pb::CreateResourceResponse {
@@ -381,10 +381,7 @@ impl PyWorkerJob {
             ps_task,
         };
         let reply = match &self.request {
-            JobRequest::Run { closure_id, .. } => JobReply::Run(pb::RunClosureResponse {
-                closure_id: *closure_id,
-                outcome: Some(pb::run_closure_response::Outcome::Error(error)),
-            }),
+            JobRequest::Run { .. } => JobReply::Run(Ran::Error(error)),
             JobRequest::CreateResource { resource_id, .. } => {
                 JobReply::CreateResource(pb::CreateResourceResponse {
                     resource_id: *resource_id,

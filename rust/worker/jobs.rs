@@ -34,7 +34,7 @@ use super::stream::ClosureStream;
 mod job;
 
 use job::{hand_back, ReplyTo, HALT_REASON};
-pub use job::{Job, JobReply, JobRequest};
+pub use job::{Job, JobReply, JobRequest, Ran};
 
 /// What [`JobQueue::pop`] found.
 pub enum Pop {

@@ -44,13 +44,15 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 
-pub use jobs::{Job, JobReply, JobRequest, Pop};
+pub use jobs::{Job, JobReply, JobRequest, Pop, Ran};
 
-use crate::rpc::auth::{validate_token, AuthCheck};
-use crate::rpc::connections::{ConnectionStats, ServerLimits};
-use crate::rpc::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME_BYTES};
 use crate::rpc::pb;
-use crate::rpc::serve::{self, BindError, Serving};
+use crate::rpc::security::auth::{validate_token, AuthCheck};
+use crate::rpc::server::connections::{ConnectionStats, ServerLimits};
+use crate::rpc::server::serve::{self, BindError, Serving};
+use crate::rpc::wire::limits::{
+    validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME_BYTES,
+};
 use jobs::JobQueue;
 use service::WorkerService;
 use state::WorkerState;
@@ -77,7 +79,7 @@ pub struct WorkerConfig {
     /// Reported by `GetStatus`: the devices' `device_kind` (e.g. `"TPU v5 lite"`).
     pub device_kind: String,
     /// Serve TLS with this certificate and key; plaintext when `None`.
-    pub tls: Option<crate::rpc::tls::ServerTls>,
+    pub tls: Option<crate::rpc::security::tls::ServerTls>,
     /// Connections, streams per connection, and the time to authenticate.
     pub limits: ServerLimits,
     /// Bytes of registered function payloads kept (least recently used evicted first).
@@ -197,7 +199,7 @@ impl WorkerServer {
             config.tls.as_ref(),
             Some(MAX_FRAME_BYTES),
             &limits,
-            crate::rpc::limits::rewrite_worker_status,
+            crate::rpc::wire::limits::rewrite_worker_status,
         )
         .map_err(|e| WorkerError::Config(e.to_string()))?
         .add_service(route::Routes::new(

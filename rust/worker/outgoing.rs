@@ -14,8 +14,8 @@ use tokio_stream::Stream;
 use tonic::Status;
 
 use super::stream::Replies;
-use crate::rpc::chunks;
 use crate::rpc::pb;
+use crate::rpc::wire::chunks;
 
 /// The response stream of one `RunClosures` call.
 pub struct Outgoing {

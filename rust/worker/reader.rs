@@ -28,9 +28,9 @@ use super::jobs::JobQueue;
 use super::outgoing::Outgoing;
 use super::state::WorkerState;
 use super::stream::{reply_channel, ClosureStream, Lease, Outbound, ReplySender};
-use crate::rpc::chunks::{self, Assembler, MAX_CHUNKED_MESSAGE_BYTES};
-use crate::rpc::limits::malformed;
 use crate::rpc::pb;
+use crate::rpc::wire::chunks::{self, Assembler, MAX_CHUNKED_MESSAGE_BYTES};
+use crate::rpc::wire::limits::malformed;
 
 /// Heartbeats while a large request arrives are sent at most this often.
 const PROGRESS_HEARTBEAT: Duration = Duration::from_millis(100);

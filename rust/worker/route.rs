@@ -1,4 +1,4 @@
-//! The worker's HTTP routes: `RunClosures` served with `rpc/frames.rs`, every other path by
+//! The worker's HTTP routes: `RunClosures` served with `rpc/wire/frames.rs`, every other path by
 //! the generated tonic service behind the auth check.
 //!
 //! Why a route of its own: tonic's codec assembles each request message in a buffer of its
@@ -23,8 +23,8 @@ use tower::Service;
 
 use super::reader;
 use super::state::WorkerState;
-use crate::rpc::auth::AuthCheck;
-use crate::rpc::frames::{Ending, FramedBody, Unframed};
+use crate::rpc::security::auth::AuthCheck;
+use crate::rpc::wire::frames::{Ending, FramedBody, Unframed};
 use crate::rpc::{pb, PROTOCOL_REVISION, REVISION_HEADER, RUN_CLOSURES_PATH};
 
 /// The service the server routes the `Worker` service's paths to: `RunClosures` here,

@@ -13,7 +13,7 @@ use super::jobs::{JobReply, JobRequest};
 use super::outgoing::Outgoing;
 use super::reader;
 use super::state::WorkerState;
-use crate::rpc::chunks;
+use crate::rpc::wire::chunks;
 use crate::rpc::{pb, PROTOCOL_REVISION, REVISION_HEADER};
 
 /// The unary methods `CallChunked` carries.
@@ -45,6 +45,20 @@ fn decoded<M: Message + Default>(
 }
 
 impl WorkerService {
+    /// Runs one closure for unary `RunClosure` (whole or chunked): its answer is built
+    /// here, once, from what the executor says it gave.
+    async fn run(&self, request: pb::RunClosureRequest) -> Result<pb::RunClosureResponse, Status> {
+        let closure_id = request.closure_id;
+        let job = self.state.run_job(request)?;
+        let JobReply::Run(ran) = self.state.submit(job).await? else {
+            return Err(mismatched());
+        };
+        Ok(pb::RunClosureResponse {
+            closure_id,
+            outcome: Some(ran),
+        })
+    }
+
     /// Runs one unary call that came through `CallChunked`: as the unary handler would,
     /// except that the answer may be of any size (it leaves in chunks).
     async fn chunked(&self, method: String, encoded: Bytes) -> Result<Vec<pb::Chunk>, Status> {
@@ -53,13 +67,7 @@ impl WorkerService {
         let what = what.as_str();
         let limit = state.max_message_bytes;
         Ok(match method.as_str() {
-            "RunClosure" => {
-                let job = state.run_job(decoded(state, encoded, what)?)?;
-                let JobReply::Run(response) = state.submit(job).await? else {
-                    return Err(mismatched());
-                };
-                chunks::answer(&response, limit)
-            }
+            "RunClosure" => chunks::answer(&self.run(decoded(state, encoded, what)?).await?, limit),
             "CreateResource" => {
                 let job = state.create_resource_job(decoded(state, encoded, what)?)?;
                 let JobReply::CreateResource(response) = state.submit(job).await? else {
@@ -108,12 +116,8 @@ impl pb::worker_server::Worker for WorkerService {
         &self,
         request: Request<pb::RunClosureRequest>,
     ) -> Result<Response<pb::RunClosureResponse>, Status> {
-        let state = &self.state;
-        let job = state.run_job(request.into_inner())?;
-        let JobReply::Run(response) = state.submit(job).await? else {
-            return Err(mismatched());
-        };
-        state.check_size(&response, "the closure's result")?;
+        let response = self.run(request.into_inner()).await?;
+        self.state.check_size(&response, "the closure's result")?;
         Ok(Response::new(response))
     }
 

@@ -16,8 +16,8 @@ use super::jobs::{JobQueue, JobReply, JobRequest};
 use super::stats::{value_bytes, Stats};
 use super::store::{FunctionStore, StoredFunction};
 use super::validate;
-use crate::rpc::connections::ConnectionStats;
-use crate::rpc::limits::too_large;
+use crate::rpc::server::connections::ConnectionStats;
+use crate::rpc::wire::limits::too_large;
 use crate::rpc::{hex, pb, HASH_LEN, PROTOCOL_REVISION};
 
 /// State shared by the service, the stream readers, the server handle and the executor.

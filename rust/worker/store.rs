@@ -6,7 +6,7 @@
 //! evicts the least recently used when a new one needs room. An evicted function costs a
 //! coordinator one more `RegisterFunction`: a closure of it is refused `NOT_FOUND`, the
 //! dispatcher's link sees the worker is the same process, registers the payload again and
-//! resends the closure (`link/pipeline.rs`). A job that already took a function holds its
+//! resends the closure (`link/answers.rs`). A job that already took a function holds its
 //! own reference to the payload, so eviction never pulls it from under a running closure.
 
 use std::collections::HashMap;

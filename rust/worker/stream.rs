@@ -40,8 +40,9 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::Status;
 
-use crate::rpc::limits::{too_large, BATCH_MESSAGE_BYTES};
 use crate::rpc::pb;
+use crate::rpc::wire::limits::{too_large, BATCH_MESSAGE_BYTES};
+use crate::worker::jobs::Ran;
 
 /// Most answers sent in one response message; a bound on how long the first answer of a
 /// batch can wait behind the encoding of the others.
@@ -56,10 +57,36 @@ static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(1);
 /// (a heartbeat) even with no answer due.
 #[derive(Debug)]
 pub(super) enum Outbound {
-    Reply(pb::ClosureReply),
+    Reply(Answer),
     Heartbeat,
     /// End the response with this error (e.g. a request that was not a valid message).
     End(Status),
+}
+
+/// One closure's answer as it goes out: the `ClosureReply`, built once, and its size inside
+/// a `RunClosuresResponse`, measured once (checked against the limit when a closure ran,
+/// then used to batch it).
+#[derive(Debug)]
+pub(super) struct Answer {
+    reply: pb::ClosureReply,
+    size: usize,
+}
+
+impl Answer {
+    /// `reply`, measured.
+    pub(super) fn new(reply: pb::ClosureReply) -> Self {
+        // The reply travels inside a RunClosuresResponse: a few bytes of framing more.
+        let size = reply.encoded_len() + REPLY_FRAMING;
+        Self { reply, size }
+    }
+
+    /// Whether the closure ran and gave a result.
+    pub(super) fn is_success(&self) -> bool {
+        matches!(
+            self.reply.outcome,
+            Some(pb::closure_reply::Outcome::Result(_))
+        )
+    }
 }
 
 /// The sending half of a stream's answer channel, kept by its [`ClosureStream`].
@@ -246,44 +273,43 @@ impl ClosureStream {
         self.halt_on_error
     }
 
-    /// The answer to send for a closure the executor ran; an answer above the size limit
-    /// is the `RESOURCE_EXHAUSTED` status unary `RunClosure` would fail with instead.
-    pub(super) fn prepare(
-        &self,
-        response: pb::RunClosureResponse,
-    ) -> Result<pb::ClosureReply, Status> {
+    /// The answer to send for closure `closure_id`, which the executor ran: built here,
+    /// once, from what it gave. An answer above the size limit is the `RESOURCE_EXHAUSTED`
+    /// status unary `RunClosure` would fail with instead.
+    pub(super) fn prepare(&self, closure_id: u64, ran: Ran) -> Result<Answer, Status> {
         use pb::closure_reply::Outcome as Reply;
-        use pb::run_closure_response::Outcome as Ran;
-        let outcome = match response.outcome {
-            Some(Ran::Result(value)) => Some(Reply::Result(value)),
-            Some(Ran::Error(error)) => Some(Reply::Error(error)),
-            None => None,
+        let outcome = match ran {
+            Ran::Result(value) => Reply::Result(value),
+            Ran::Error(error) => Reply::Error(error),
         };
-        let reply = pb::ClosureReply {
-            closure_id: response.closure_id,
-            outcome,
-        };
-        // The reply travels inside a RunClosuresResponse: a few bytes of framing more.
-        let size = reply.encoded_len() + REPLY_FRAMING;
-        if size > self.max_message_bytes {
+        let answer = Answer::new(pb::ClosureReply {
+            closure_id,
+            outcome: Some(outcome),
+        });
+        if answer.size > self.max_message_bytes {
             return Err(too_large(
                 "worker",
                 "the closure's result",
-                size,
+                answer.size,
                 self.max_message_bytes,
             ));
         }
-        Ok(reply)
+        Ok(answer)
     }
 
-    /// Sends `reply`; a client that went away loses nothing it still wanted.
-    pub(super) fn send(&self, reply: pb::ClosureReply) {
-        let _ = self.replies.send(Outbound::Reply(reply));
+    /// Sends `answer`; a client that went away loses nothing it still wanted.
+    pub(super) fn send(&self, answer: Answer) {
+        let _ = self.replies.send(Outbound::Reply(answer));
+    }
+
+    /// Sends `reply`, measured here (it did not come from the executor).
+    fn send_reply(&self, reply: pb::ClosureReply) {
+        self.send(Answer::new(reply));
     }
 
     /// Answers `closure_id` with the status unary `RunClosure` would have failed with.
     pub(super) fn refuse(&self, closure_id: u64, status: &Status) {
-        self.send(pb::ClosureReply {
+        self.send_reply(pb::ClosureReply {
             closure_id,
             outcome: Some(pb::closure_reply::Outcome::Refused(pb::Refusal {
                 code: status.code() as i32,
@@ -294,7 +320,7 @@ impl ClosureStream {
 
     /// Hands `closure_id` back unstarted.
     pub(super) fn hand_back(&self, closure_id: u64, reason: &str) {
-        self.send(pb::ClosureReply {
+        self.send_reply(pb::ClosureReply {
             closure_id,
             outcome: Some(pb::closure_reply::Outcome::Returned(pb::Returned {
                 reason: reason.to_owned(),
@@ -317,7 +343,7 @@ impl std::fmt::Debug for ClosureStream {
 pub struct Replies {
     receiver: mpsc::UnboundedReceiver<Outbound>,
     /// An answer that did not fit in the previous message.
-    held: Option<pb::ClosureReply>,
+    held: Option<Answer>,
     /// Largest message answers are gathered into (one larger answer goes alone).
     batch_bytes: usize,
     lease: Arc<Lease>,
@@ -342,11 +368,16 @@ impl Stream for Replies {
             return Poll::Ready(Some(Err(status)));
         }
         let mut replies = Vec::new();
-        if let Some(reply) = self.held.take() {
-            replies.push(reply);
+        let mut size = HEARTBEAT_FRAMING;
+        if let Some(answer) = self.held.take() {
+            size += answer.size;
+            replies.push(answer.reply);
         } else {
             match self.receiver.poll_recv(cx) {
-                Poll::Ready(Some(Outbound::Reply(reply))) => replies.push(reply),
+                Poll::Ready(Some(Outbound::Reply(answer))) => {
+                    size += answer.size;
+                    replies.push(answer.reply);
+                }
                 Poll::Ready(Some(Outbound::Heartbeat)) => {}
                 Poll::Ready(Some(Outbound::End(status))) => {
                     self.ended = true;
@@ -356,14 +387,9 @@ impl Stream for Replies {
                 Poll::Pending => return Poll::Pending,
             }
         }
-        let mut size = HEARTBEAT_FRAMING
-            + replies
-                .iter()
-                .map(|reply| reply.encoded_len() + REPLY_FRAMING)
-                .sum::<usize>();
         while replies.len() < MAX_REPLIES_PER_MESSAGE {
-            let reply = match self.receiver.try_recv() {
-                Ok(Outbound::Reply(reply)) => reply,
+            let answer = match self.receiver.try_recv() {
+                Ok(Outbound::Reply(answer)) => answer,
                 Ok(Outbound::Heartbeat) => continue,
                 Ok(Outbound::End(status)) => {
                     // Sent after what is in this message.
@@ -372,13 +398,12 @@ impl Stream for Replies {
                 }
                 Err(_) => break,
             };
-            let more = reply.encoded_len() + REPLY_FRAMING;
-            if size + more > self.batch_bytes {
-                self.held = Some(reply);
+            if size + answer.size > self.batch_bytes {
+                self.held = Some(answer);
                 break;
             }
-            size += more;
-            replies.push(reply);
+            size += answer.size;
+            replies.push(answer.reply);
         }
         let mut message = pb::RunClosuresResponse {
             replies,

@@ -26,12 +26,7 @@ fn spawn_echo_executor(server: Arc<WorkerServer>, gate: Arc<AtomicBool>) -> Join
             match server.next_job(Duration::from_millis(20)) {
                 Pop::Job(job) => {
                     let reply = match job.request().clone() {
-                        JobRequest::Run {
-                            closure_id,
-                            args,
-                            function,
-                            ..
-                        } => {
+                        JobRequest::Run { args, function, .. } => {
                             while !gate.load(Ordering::Acquire) {
                                 std::thread::yield_now();
                             }
@@ -47,10 +42,7 @@ fn spawn_echo_executor(server: Arc<WorkerServer>, gate: Arc<AtomicBool>) -> Join
                             } else {
                                 pb::run_closure_response::Outcome::Result(args.unwrap_or_default())
                             };
-                            JobReply::Run(pb::RunClosureResponse {
-                                closure_id,
-                                outcome: Some(outcome),
-                            })
+                            JobReply::Run(outcome)
                         }
                         JobRequest::CreateResource { resource_id, .. } => {
                             JobReply::CreateResource(pb::CreateResourceResponse {

@@ -1,4 +1,4 @@
-//! `RunClosures` on a fake worker: the protocol's emulation ([`crate::rpc::emulated`])
+//! `RunClosures` on a fake worker: the protocol's emulation ([`crate::rpc::client::emulated`])
 //! driving the fake's closure runner, so a stream follows the real worker's rules (one at
 //! a time in arrival order, hand-backs, halting). A worker that dies ends the stream with
 //! `UNAVAILABLE`, as a broken connection does; queued closures die with it.
@@ -7,7 +7,7 @@ use tokio::sync::watch;
 
 use super::transport::FakeTransport;
 use super::worker::died;
-use crate::rpc::emulated::{emulate, ClosureRunner};
+use crate::rpc::client::emulated::{emulate, ClosureRunner};
 use crate::rpc::{pb, ClosureChannel, RpcError};
 
 /// Runs a stream's closures on one incarnation of a fake worker.

@@ -8,7 +8,7 @@ use super::stream;
 use super::worker::{died, execute, user_error, FakeWorker};
 use super::{lock, ClusterInner};
 use crate::dispatch::WorkerTransport;
-use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::{pb, ClosureChannel, RpcError, HASH_LEN};
 
 /// A [`WorkerTransport`] to one fake worker.

@@ -1,6 +1,6 @@
 //! Preparing one closure for a link's worker — its per-worker inputs first, then its
 //! function (registered once per worker connection) — and what a worker's error for it
-//! means. Sending it and reading the answer is in `pipeline.rs` (this folder).
+//! means. Sending it and reading the answer is in `stream.rs` and `answers.rs` (this folder).
 
 use std::sync::Arc;
 use std::time::Duration;

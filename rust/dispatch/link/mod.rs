@@ -8,8 +8,11 @@
 //!   of work, settling a closure, and running a future on the shared runtime.
 //! - `execute.rs`: preparing a closure (its per-worker inputs, its function registered)
 //!   and what a worker's error for it means (its `Verdict`).
-//! - `pipeline.rs`: the `RunClosures` stream, the closures outstanding on it, sending more
-//!   while busy, reading answers, reclaiming.
+//! - `pipeline.rs`: the `RunClosures` stream and the closures outstanding on it (the
+//!   `Pipeline`), how many a link may have, letting them go; its concerns in three files:
+//!   - `stream.rs`: opening the stream, sending closures on it;
+//!   - `answers.rs`: reading answers, settling closures by them, a failed stream;
+//!   - `top_up.rs`: taking work idle or more while busy, reclaiming.
 //! - `outstanding.rs`: what is outstanding on the stream, and its arguments' bytes.
 //! - `balance.rs`: `Balance`, the counters and flags links share so that
 //!   pipelining stays work-conserving, with the memory-ordering argument.
@@ -21,12 +24,15 @@
 //! Per-worker resource work (builds, releases) is served only when nothing is
 //! outstanding, one item at a time, as before pipelining.
 
+mod answers;
 pub(crate) mod balance;
 mod execute;
 mod liveness;
 mod outstanding;
 mod pipeline;
 mod recovery;
+mod stream;
+mod top_up;
 
 use std::future::Future;
 use std::sync::Arc;

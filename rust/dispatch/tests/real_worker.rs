@@ -114,10 +114,7 @@ fn execute_jobs(server: &WorkerServer, ran: &Mutex<Vec<u64>>) {
                 } else {
                     pb::run_closure_response::Outcome::Result(args.unwrap_or_default())
                 };
-                JobReply::Run(pb::RunClosureResponse {
-                    closure_id,
-                    outcome: Some(outcome),
-                })
+                JobReply::Run(outcome)
             }
             JobRequest::CreateResource { resource_id, .. } => {
                 JobReply::CreateResource(pb::CreateResourceResponse {

@@ -16,6 +16,9 @@ use crate::worker::stats::{value_bytes, Stats};
 use crate::worker::store::StoredFunction;
 use crate::worker::stream::ClosureStream;
 
+/// What a closure gave: its result or its error.
+pub type Ran = pb::run_closure_response::Outcome;
+
 /// What a job asks the executor to do.
 #[derive(Debug, Clone)]
 pub enum JobRequest {
@@ -66,8 +69,11 @@ impl JobRequest {
 /// The executor's answer to a job; the variant matches the request's.
 #[derive(Debug, Clone)]
 pub enum JobReply {
-    /// Answer to [`JobRequest::Run`].
-    Run(pb::RunClosureResponse),
+    /// Answer to [`JobRequest::Run`]: the closure's result or error, nothing else. The
+    /// message its caller reads is built from it once, under the request's closure id, by
+    /// whoever sends it: a `RunClosureResponse` for a unary call (`service.rs`), a
+    /// `ClosureReply` for a stream ([`ClosureStream::prepare`]).
+    Run(Ran),
     /// Answer to [`JobRequest::CreateResource`].
     CreateResource(pb::CreateResourceResponse),
     /// Answer to [`JobRequest::ReleaseResource`].
@@ -151,19 +157,22 @@ impl Job {
     /// (so the coordinator's `resume`, sent after it reads the error, finds the halt), and
     /// the closures the halt hands back are answered after the error.
     fn answer_streamed(&self, stream: &Arc<ClosureStream>, result: Result<JobReply, Status>) {
-        let reply = match result {
-            Ok(JobReply::Run(response)) => stream.prepare(response).inspect_err(|_| {
-                if let Some(queue) = &self.queue {
-                    queue.stats.rejected.fetch_add(1, Ordering::Relaxed);
-                }
-            }),
-            Ok(_) => Err(Status::internal(
-                "the worker's executor answered a streamed closure with a reply of the wrong \
+        let reply =
+            match result {
+                Ok(JobReply::Run(ran)) => stream
+                    .prepare(self.request.closure_id(), ran)
+                    .inspect_err(|_| {
+                        if let Some(queue) = &self.queue {
+                            queue.stats.rejected.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }),
+                Ok(_) => Err(Status::internal(
+                    "the worker's executor answered a streamed closure with a reply of the wrong \
                  kind (a bug)",
-            )),
-            Err(status) => Err(status),
-        };
-        let failed = !matches!(&reply, Ok(answer) if is_success(answer));
+                )),
+                Err(status) => Err(status),
+            };
+        let failed = !matches!(&reply, Ok(answer) if answer.is_success());
         let halted = match &self.queue {
             Some(queue) if failed => queue.halt_stream(stream),
             _ => Vec::new(),
@@ -194,17 +203,14 @@ impl Job {
 /// Counts one answered job.
 fn count_reply(stats: &Stats, reply: &JobReply) {
     match reply {
-        JobReply::Run(response) => {
+        JobReply::Run(ran) => {
             stats.closures_run.fetch_add(1, Ordering::Relaxed);
-            match &response.outcome {
-                Some(pb::run_closure_response::Outcome::Error(error)) => {
+            match ran {
+                Ran::Error(error) => {
                     stats.closures_failed.fetch_add(1, Ordering::Relaxed);
                     stats.note_error(&format!("{}: {}", error.type_name, error.message));
                 }
-                None => {
-                    stats.closures_failed.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(pb::run_closure_response::Outcome::Result(value)) => {
+                Ran::Result(value) => {
                     stats
                         .bytes_sent
                         .fetch_add(value_bytes(value), Ordering::Relaxed);
@@ -227,10 +233,6 @@ fn count_reply(stats: &Stats, reply: &JobReply) {
 pub(super) const HALT_REASON: &str =
     "a closure sent before it on this stream failed, and the stream \
                            halts on errors (halt_on_error) until the coordinator resumes it";
-
-fn is_success(reply: &pb::ClosureReply) -> bool {
-    matches!(reply.outcome, Some(pb::closure_reply::Outcome::Result(_)))
-}
 
 /// Answers each of `jobs` `returned`, unstarted.
 pub(super) fn hand_back(jobs: Vec<Job>, reason: &str) {

@@ -250,7 +250,7 @@ async fn shutdown_refuses_queued_closures_answers_the_running_one_and_ends_the_s
 /// Unary `RunClosure` calls, as a stream to a revision-1 worker is emulated.
 struct Unary(WorkerClient);
 
-impl crate::rpc::emulated::ClosureRunner for Unary {
+impl crate::rpc::client::emulated::ClosureRunner for Unary {
     async fn run(
         &self,
         request: pb::RunClosureRequest,
@@ -274,7 +274,8 @@ async fn a_stream_emulated_over_unary_calls_keeps_the_streams_rules() {
             closure(&echo, 4),
         ])
     };
-    let mut channel = crate::rpc::emulated::emulate(Unary(harness.client(Some(TOKEN))), first);
+    let mut channel =
+        crate::rpc::client::emulated::emulate(Unary(harness.client(Some(TOKEN))), first);
     wait_for_depth(&harness, 1, 0).await; // closure 1 runs; the rest wait in the emulation
     channel.send(pb::RunClosuresRequest {
         return_queued: true,
@@ -297,8 +298,8 @@ async fn a_stream_emulated_over_unary_calls_keeps_the_streams_rules() {
 
 #[tokio::test]
 async fn answers_are_gathered_into_messages_of_half_a_frame() {
-    use crate::rpc::limits::BATCH_MESSAGE_BYTES;
-    use crate::worker::stream::{reply_channel, Outbound};
+    use crate::rpc::wire::limits::BATCH_MESSAGE_BYTES;
+    use crate::worker::stream::{reply_channel, Answer, Outbound};
     use prost::Message as _;
     use tokio_stream::StreamExt as _;
 
@@ -312,7 +313,7 @@ async fn answers_are_gathered_into_messages_of_half_a_frame() {
             closure_id: id,
             outcome: Some(pb::closure_reply::Outcome::Result(value)),
         };
-        sender.send(Outbound::Reply(reply)).unwrap();
+        sender.send(Outbound::Reply(Answer::new(reply))).unwrap();
     }
     drop(sender);
     let (mut ids, mut counts) = (Vec::new(), Vec::new());

@@ -176,7 +176,7 @@ fn oversized_compressed_and_malformed_messages_are_refused() {
     unframer.push(Bytes::from_static(&[0, 0, 0, 0, 2, 0xff, 0xff]));
     let e = unframer.next_message::<pb::Value>().unwrap_err();
     // Worded as tonic's decode error, so the worker's rewrite makes it INVALID_ARGUMENT.
-    let rewritten = crate::rpc::limits::malformed(&e).expect("recognised as malformed");
+    let rewritten = crate::rpc::wire::limits::malformed(&e).expect("recognised as malformed");
     assert_eq!(rewritten.code(), tonic::Code::InvalidArgument);
     assert!(
         e.message().contains("a RunClosures request (2 bytes)"),

@@ -21,11 +21,11 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 
-use super::chunks::{self, Assembler};
-use super::client::WorkerClient;
 use super::emulated::{emulate, ClosureRunner};
-use super::frames::{Ending, FramedBody, Unframed};
-use super::{pb, RpcError};
+use super::worker::WorkerClient;
+use crate::rpc::wire::chunks::{self, Assembler};
+use crate::rpc::wire::frames::{Ending, FramedBody, Unframed};
+use crate::rpc::{pb, RpcError};
 
 /// How a channel treats messages above the size limit.
 #[derive(Debug, Clone, Copy)]
@@ -242,7 +242,7 @@ impl WorkerClient {
         };
         let revision = opened
             .headers()
-            .get(super::REVISION_HEADER)
+            .get(crate::rpc::REVISION_HEADER)
             .and_then(|v| v.to_str().ok()?.parse::<u32>().ok())
             .unwrap_or(0);
         // A worker that ended the call at once with OK (trailers-only) sends no body.

@@ -2,7 +2,7 @@
 //! closures run one at a time in arrival order, `return_queued` hands back what has not
 //! started, `halt_on_error` / `resume` as documented in the proto.
 //!
-//! Two users: [`WorkerClient::run_closures`](super::WorkerClient::run_closures) against a
+//! Two users: [`WorkerClient::run_closures`](crate::rpc::WorkerClient::run_closures) against a
 //! worker of protocol revision 1 (which answers the stream `UNIMPLEMENTED`), driving unary
 //! `RunClosure` calls, so a newer coordinator keeps working with an older worker; and the
 //! dispatcher's in-memory fake worker. A call failing `UNAVAILABLE` ends the stream with
@@ -16,7 +16,7 @@ use std::pin::Pin;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::{pb, ClosureChannel, RpcError};
+use crate::rpc::{pb, ClosureChannel, RpcError};
 
 /// Runs single closures for an emulated stream.
 pub trait ClosureRunner: Send + Sync + 'static {

@@ -19,7 +19,7 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
 
 use super::frames::{Rope, Segments};
-use super::pb;
+use crate::rpc::pb;
 
 /// Largest message a chunk sequence may assemble: 16 GiB, far above any value a closure
 /// should move, low enough that a corrupt size cannot ask for absurd memory.

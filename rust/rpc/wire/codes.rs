@@ -8,11 +8,11 @@
 
 use tonic::Code;
 
-use super::pb;
+use crate::rpc::pb;
 
 /// Every gRPC code: its canonical name and the `jaxcluster.errors` class a failure with
 /// that code is raised as. Codes without a class of their own fold into the nearest one,
-/// as [`RpcError::from_code`](super::RpcError::from_code) folds them.
+/// as [`RpcError::from_code`](crate::rpc::RpcError::from_code) folds them.
 const CODES: [(Code, &str, &str); 17] = [
     (Code::Ok, "OK", "InternalError"),
     (Code::Cancelled, "CANCELLED", "CancelledError"),
@@ -69,7 +69,7 @@ fn entry(code: Code) -> &'static (Code, &'static str, &'static str) {
 /// The canonical upper-case name of a gRPC status code (`"DEADLINE_EXCEEDED"`).
 ///
 /// ```
-/// assert_eq!(_core::rpc::codes::code_name(tonic::Code::NotFound), "NOT_FOUND");
+/// assert_eq!(_core::rpc::wire::codes::code_name(tonic::Code::NotFound), "NOT_FOUND");
 /// ```
 pub fn code_name(code: Code) -> &'static str {
     entry(code).1
@@ -78,7 +78,7 @@ pub fn code_name(code: Code) -> &'static str {
 /// The code a canonical name stands for, if it is one.
 ///
 /// ```
-/// use _core::rpc::codes::parse_code;
+/// use _core::rpc::wire::codes::parse_code;
 /// assert_eq!(parse_code("ABORTED"), Some(tonic::Code::Aborted));
 /// assert_eq!(parse_code("aborted"), None);
 /// ```
@@ -107,7 +107,7 @@ pub fn function_kind_name(kind: pb::FunctionKind) -> &'static str {
 /// The function kind named `name`, or an error listing the names there are.
 ///
 /// ```
-/// use _core::rpc::{codes::parse_function_kind, pb::FunctionKind};
+/// use _core::rpc::{pb::FunctionKind, wire::codes::parse_function_kind};
 /// assert_eq!(parse_function_kind("jax_export"), Ok(FunctionKind::JaxExport));
 /// assert!(parse_function_kind("pickle").unwrap_err().contains("'cloudpickle'"));
 /// ```

@@ -3,7 +3,7 @@
 //! Both sides accept messages up to [`DEFAULT_MAX_MESSAGE_BYTES`] unless configured
 //! otherwise. tonic refuses an oversized message with `OUT_OF_RANGE`; gRPC's convention is
 //! `RESOURCE_EXHAUSTED`, so the server rewrites that status with [`size_status_layer`]
-//! before it leaves the process, and the client folds it in [`super::RpcError::from`].
+//! before it leaves the process, and the client folds it in [`crate::rpc::RpcError::from`].
 
 use tonic::codegen::http::Response;
 use tonic::{Code, Status};

@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
-use super::auth::BearerToken;
-use super::limits::{validate_max_message_bytes, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES};
-use super::{ClientConfig, RpcError};
+use crate::rpc::security::auth::BearerToken;
+use crate::rpc::wire::limits::{
+    validate_max_message_bytes, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES,
+};
+use crate::rpc::{ClientConfig, RpcError};
 
 /// What sets one kind of server apart, as seen by a client.
 #[derive(Debug)]
@@ -63,7 +65,7 @@ pub fn connect_lazy(config: &ClientConfig, peer: &Peer) -> Result<LazyChannel, R
         validate_max_message_bytes(config.max_message_bytes).map_err(RpcError::InvalidArgument)?;
     let auth = BearerToken::new(config.auth_token.as_deref()).map_err(RpcError::InvalidArgument)?;
     let uri = endpoint_uri(&config.address, peer)?;
-    let endpoint = super::tls::endpoint(uri, config.tls.as_ref())
+    let endpoint = crate::rpc::security::tls::endpoint(uri, config.tls.as_ref())
         .map_err(|e| {
             RpcError::InvalidArgument(format!("{} address {:?}: {e}", peer.kind, config.address))
         })?
@@ -84,22 +86,35 @@ pub fn connect_lazy(config: &ClientConfig, peer: &Peer) -> Result<LazyChannel, R
     })
 }
 
-/// One server a client calls: its kind and its address, which every error names.
+/// One server a client calls: its kind and its address, which every error names, and the
+/// largest message it takes, which decides whether a call goes whole or in chunks
+/// (`chunked.rs`).
 #[derive(Debug, Clone)]
 pub struct Callee {
-    peer: &'static Peer,
+    pub(super) peer: &'static Peer,
     address: String,
+    max_message_bytes: usize,
 }
 
 impl Callee {
-    /// A callee of kind `peer` at `address` (as given, for messages).
-    pub fn new(peer: &'static Peer, address: String) -> Self {
-        Self { peer, address }
+    /// A callee of kind `peer` at `address` (as given, for messages) that takes messages up
+    /// to `max_message_bytes` (validated, as [`connect_lazy`] gives it).
+    pub fn new(peer: &'static Peer, address: String, max_message_bytes: usize) -> Self {
+        Self {
+            peer,
+            address,
+            max_message_bytes,
+        }
     }
 
     /// The address this callee was made for, as given.
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// The largest request or response sent to or accepted from this callee, in bytes.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
     }
 
     /// Runs one call with an optional deadline. The deadline is both sent (`grpc-timeout`,
@@ -136,61 +151,6 @@ impl Callee {
         result
             .map(tonic::Response::into_inner)
             .map_err(|status| (self.peer.status_error)(status).with_context(&context()))
-    }
-}
-
-/// The request stream of a `CallChunked` call.
-pub type ChunkStream = tokio_stream::Iter<std::vec::IntoIter<super::pb::Chunk>>;
-
-impl Callee {
-    /// Runs unary `method` through `CallChunked` (protocol revision 4): `message`'s encoding
-    /// goes out in chunks for a peer accepting `max_message_bytes`, and the chunked answer is
-    /// decoded as `Resp`. `open` starts the call on the generated client. A peer without
-    /// `CallChunked` (revision 3 or older) fails with `RESOURCE_EXHAUSTED` saying so.
-    pub async fn call_chunked<Req, Resp, F, Fut>(
-        &self,
-        method: &str,
-        timeout: Option<Duration>,
-        message: &Req,
-        max_message_bytes: usize,
-        open: F,
-    ) -> Result<Resp, RpcError>
-    where
-        Req: prost::Message,
-        Resp: prost::Message + Default,
-        F: FnOnce(tonic::Request<ChunkStream>) -> Fut,
-        Fut: Future<
-            Output = Result<
-                tonic::Response<tonic::codec::Streaming<super::pb::Chunk>>,
-                tonic::Status,
-            >,
-        >,
-    {
-        let size = message.encoded_len();
-        let chunks = super::chunks::split_message(message, max_message_bytes, method);
-        let kind = self.peer.kind;
-        self.call(method, timeout, chunks, |request| async move {
-            let response = match open(request.map(tokio_stream::iter)).await {
-                Err(status) if status.code() == tonic::Code::Unimplemented => {
-                    return Err(super::chunks::needs_revision_4(
-                        kind,
-                        method,
-                        size,
-                        max_message_bytes,
-                    ));
-                }
-                other => other?,
-            };
-            let (metadata, incoming, extensions) = response.into_parts();
-            let (_, encoded) = super::chunks::read_message(incoming).await?;
-            let decoded = Resp::decode(encoded).map_err(|e| {
-                tonic::Status::internal(format!(
-                    "the chunked answer to {method} does not decode: {e} (a bug in the {kind})"
-                ))
-            })?;
-            Ok(tonic::Response::from_parts(metadata, decoded, extensions))
-        })
-        .await
     }
 }
 

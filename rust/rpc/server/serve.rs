@@ -21,8 +21,8 @@ use tower::util::MapResponseLayer;
 use super::connections::{
     effective_max_connections, raise_file_limit, ConnectionStats, Incoming, ServerLimits,
 };
-use super::limits::{status_layer, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES};
-use super::tls::{ServerTls, TlsError};
+use crate::rpc::security::tls::{ServerTls, TlsError};
+use crate::rpc::wire::limits::{status_layer, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES};
 
 /// The layers every server runs its services under (see [`server`]).
 pub type Layers = Stack<MapResponseLayer<fn(Response<Body>) -> Response<Body>>, Identity>;
@@ -89,7 +89,7 @@ pub fn server(
     limits: &ServerLimits,
     rewrite: fn(Response<Body>) -> Response<Body>,
 ) -> Result<Server<Layers>, TlsError> {
-    Ok(super::tls::server_builder(tls)?
+    Ok(crate::rpc::security::tls::server_builder(tls)?
         .initial_stream_window_size(STREAM_WINDOW_BYTES)
         .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
         .max_frame_size(max_frame_bytes)

@@ -11,7 +11,7 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::{Request, Status};
 
-use super::content_hash;
+use crate::rpc::content_hash;
 
 /// The metadata key carrying the token.
 pub const AUTHORIZATION: &str = "authorization";
@@ -62,7 +62,7 @@ impl AuthCheck {
         let before = self.rejected.fetch_add(1, Ordering::Relaxed);
         let peer = request
             .remote_addr()
-            .or_else(|| super::connections::remote_addr(request.extensions()))
+            .or_else(|| crate::rpc::server::connections::remote_addr(request.extensions()))
             .map_or_else(|| "an unknown peer".to_owned(), |peer| peer.to_string());
         // The first refusal is a warning (a misconfigured coordinator, or someone probing
         // the port); the rest are counted in GetStatus and logged at DEBUG, so a flood
@@ -88,7 +88,7 @@ impl AuthCheck {
 impl Interceptor for AuthCheck {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
         let Some(expected) = &self.expected else {
-            super::connections::mark_authenticated(request.extensions());
+            crate::rpc::server::connections::mark_authenticated(request.extensions());
             return Ok(request);
         };
         let Some(value) = request.metadata().get(AUTHORIZATION) else {
@@ -99,7 +99,7 @@ impl Interceptor for AuthCheck {
             ));
         };
         if constant_time_eq(&content_hash(value.as_bytes()), expected) {
-            super::connections::mark_authenticated(request.extensions());
+            crate::rpc::server::connections::mark_authenticated(request.extensions());
             Ok(request)
         } else {
             Err(self.refuse(

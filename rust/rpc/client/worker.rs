@@ -16,11 +16,12 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 use tower::{Service, ServiceExt};
 
-use super::auth::BearerToken;
 use super::channel::{self, Callee, Peer};
-use super::limits::DEFAULT_MAX_MESSAGE_BYTES;
-use super::pb;
-use super::RpcError;
+use super::chunked::{ChunkStream, ChunkedAnswer};
+use crate::rpc::pb;
+use crate::rpc::security::auth::BearerToken;
+use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::rpc::RpcError;
 
 pub(super) type Inner = pb::worker_client::WorkerClient<InterceptedService<Channel, BearerToken>>;
 
@@ -36,7 +37,7 @@ pub struct ClientConfig {
     /// Largest request or response accepted, in bytes.
     pub max_message_bytes: usize,
     /// Connect with TLS, verifying the worker against this CA; plaintext when `None`.
-    pub tls: Option<super::tls::ClientTls>,
+    pub tls: Option<crate::rpc::security::tls::ClientTls>,
 }
 
 impl ClientConfig {
@@ -56,7 +57,7 @@ impl ClientConfig {
 pub static WORKER: Peer = Peer {
     kind: "worker",
     example_port: 8470,
-    max_frame_bytes: Some(super::limits::MAX_FRAME_BYTES),
+    max_frame_bytes: Some(crate::rpc::wire::limits::MAX_FRAME_BYTES),
     status_error: RpcError::from,
 };
 
@@ -68,7 +69,6 @@ pub struct WorkerClient {
     /// whose messages `frames.rs` frames (see [`Self::open_run_closures`]).
     raw: InterceptedService<Channel, BearerToken>,
     callee: Callee,
-    max_message_bytes: usize,
 }
 
 impl WorkerClient {
@@ -84,8 +84,7 @@ impl WorkerClient {
         Ok(Self {
             inner,
             raw,
-            callee: Callee::new(&WORKER, config.address.clone()),
-            max_message_bytes: limit,
+            callee: Callee::new(&WORKER, config.address.clone(), limit),
         })
     }
 
@@ -96,7 +95,7 @@ impl WorkerClient {
 
     /// The largest request or response this client sends or accepts, in bytes.
     pub fn max_message_bytes(&self) -> usize {
-        self.max_message_bytes
+        self.callee.max_message_bytes()
     }
 
     /// Opens `RunClosures` with `body` as its request stream: the gRPC call tonic's generated
@@ -114,7 +113,7 @@ impl WorkerClient {
     {
         let request = Request::builder()
             .method(Method::POST)
-            .uri(super::RUN_CLOSURES_PATH)
+            .uri(crate::rpc::RUN_CLOSURES_PATH)
             .version(Version::HTTP_2)
             .header(TE, "trailers")
             .header(CONTENT_TYPE, "application/grpc")
@@ -183,45 +182,21 @@ impl WorkerClient {
         Ok(response.devices)
     }
 
-    /// Whether `request` is too large for one message (and so goes through `CallChunked`).
-    fn too_large(&self, request: &impl prost::Message) -> bool {
-        request.encoded_len() > self.max_message_bytes
-    }
-
-    /// Runs `method` through `CallChunked` (see [`Callee::call_chunked`]).
-    async fn chunked<Req, Resp>(
-        &self,
-        method: &str,
-        timeout: Option<Duration>,
-        request: &Req,
-    ) -> Result<Resp, RpcError>
-    where
-        Req: prost::Message,
-        Resp: prost::Message + Default,
-    {
-        let mut c = self.inner.clone();
-        let limit = self.max_message_bytes;
-        self.callee
-            .call_chunked(method, timeout, request, limit, |r| async move {
-                c.call_chunked(r).await
-            })
-            .await
-    }
-
     /// Stores a function payload on the worker under its content hash.
     pub async fn register_function(
         &self,
         request: pb::RegisterFunctionRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::RegisterFunctionResponse, RpcError> {
-        if self.too_large(&request) {
-            return self.chunked("RegisterFunction", timeout, &request).await;
-        }
-        let mut c = self.inner.clone();
         self.callee
-            .call("RegisterFunction", timeout, request, |r| async move {
-                c.register_function(r).await
-            })
+            .call_sized(
+                &self.inner,
+                "RegisterFunction",
+                timeout,
+                request,
+                |mut c, r| async move { c.register_function(r).await },
+                open_chunked,
+            )
             .await
     }
 
@@ -231,14 +206,15 @@ impl WorkerClient {
         request: pb::RunClosureRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::RunClosureResponse, RpcError> {
-        if self.too_large(&request) {
-            return self.chunked("RunClosure", timeout, &request).await;
-        }
-        let mut c = self.inner.clone();
         self.callee
-            .call("RunClosure", timeout, request, |r| async move {
-                c.run_closure(r).await
-            })
+            .call_sized(
+                &self.inner,
+                "RunClosure",
+                timeout,
+                request,
+                |mut c, r| async move { c.run_closure(r).await },
+                open_chunked,
+            )
             .await
     }
 
@@ -248,14 +224,15 @@ impl WorkerClient {
         request: pb::CreateResourceRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::CreateResourceResponse, RpcError> {
-        if self.too_large(&request) {
-            return self.chunked("CreateResource", timeout, &request).await;
-        }
-        let mut c = self.inner.clone();
         self.callee
-            .call("CreateResource", timeout, request, |r| async move {
-                c.create_resource(r).await
-            })
+            .call_sized(
+                &self.inner,
+                "CreateResource",
+                timeout,
+                request,
+                |mut c, r| async move { c.create_resource(r).await },
+                open_chunked,
+            )
             .await
     }
 
@@ -275,4 +252,9 @@ impl WorkerClient {
             .await?;
         Ok(response.released)
     }
+}
+
+/// Starts a `CallChunked` call on `client`, for [`Callee::call_sized`].
+async fn open_chunked(mut client: Inner, request: tonic::Request<ChunkStream>) -> ChunkedAnswer {
+    client.call_chunked(request).await
 }
