@@ -6,14 +6,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyList};
 
 use super::blocking::{block_detached, finish_serving, wait_in_slices};
 use super::buffer::{buffer_list, bytes_of, bytes_of_all};
-use super::client::status_dict;
 use super::convert::{duration, server_limits};
-use super::dispatch_convert::latency_dict;
-use crate::rpc::codes::{function_kind_name, parse_code, parse_error_kind};
+use super::enums::FunctionKind;
+use super::metrics::LatencyHistogram;
+use super::status::WorkerReport;
+use crate::rpc::codes::{parse_code, parse_error_kind};
 use crate::rpc::connections::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
@@ -174,12 +175,12 @@ impl PyWorkerServer {
         Ok(idle)
     }
 
-    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        status_dict(py, &self.inner.status())
+    fn status(&self) -> WorkerReport {
+        WorkerReport::from(&self.inner.status())
     }
 
-    fn execution_seconds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        latency_dict(py, &self.inner.execution_times())
+    fn execution_seconds(&self) -> LatencyHistogram {
+        LatencyHistogram::from(&self.inner.execution_times())
     }
 
     fn __repr__(&self) -> String {
@@ -279,8 +280,9 @@ impl PyWorkerJob {
     }
 
     #[getter]
-    fn function_kind(&self) -> Option<&'static str> {
-        self.function().map(|f| function_kind_name(f.kind))
+    fn function_kind(&self) -> Option<FunctionKind> {
+        self.function()
+            .and_then(|f| FunctionKind::parse(crate::rpc::codes::function_kind_name(f.kind)))
     }
 
     #[getter]

@@ -2,8 +2,8 @@
 
 A failed or cancelled closure arrives as a ``jaxcluster._core.ClosureError`` (a frozen,
 typed record; see ``_core.pyi``). The Rust binding calls :func:`build_exception` with it
-whenever it must raise a closure's error (the pending error of ``schedule``/``join``/
-``done``), and :class:`~jaxcluster.coordinator.RemoteValue` calls it for its own result, so
+(``jaxcluster._native`` registers it) whenever it must raise a closure's error (the
+pending error of ``schedule``/``join``/``done``), and :class:`~jaxcluster.coordinator.RemoteValue` calls it for its own result, so
 both raise the same thing. Its ``kind`` is ``"user"``, ``"function_load"``, ``"input"``,
 ``"infrastructure"`` or ``"cancelled"``; an infrastructure failure's ``type_name`` is the
 :mod:`jaxcluster.errors` class of its gRPC ``code`` (Rust owns that table).
