@@ -37,6 +37,7 @@ class WorkerState:
 
     Equal to, and hashing like, its spelling (``WorkerState.UP == "up"``),
     so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
     UP: WorkerState  # 'up'
     RECOVERING: WorkerState  # 'recovering'
     GIVEN_UP: WorkerState  # 'given_up'
@@ -53,7 +54,7 @@ class WorkerState:
         """The variant's Python name (``UP``)."""
 
     @staticmethod
-    def members() -> list[Self]:
+    def members() -> list[WorkerState]:
         """Every variant, in declaration order."""
 
     def __eq__(self, other: object, /) -> bool: ...
@@ -67,6 +68,7 @@ class ServingState:
 
     Equal to, and hashing like, its spelling (``ServingState.SERVING == "serving"``),
     so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
     SERVING: ServingState  # 'serving'
     DRAINING: ServingState  # 'draining'
     UNSPECIFIED: ServingState  # 'unspecified'
@@ -82,7 +84,7 @@ class ServingState:
         """The variant's Python name (``SERVING``)."""
 
     @staticmethod
-    def members() -> list[Self]:
+    def members() -> list[ServingState]:
         """Every variant, in declaration order."""
 
     def __eq__(self, other: object, /) -> bool: ...
@@ -96,6 +98,7 @@ class FunctionKind:
 
     Equal to, and hashing like, its spelling (``FunctionKind.CLOUDPICKLE == "cloudpickle"``),
     so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
     CLOUDPICKLE: FunctionKind  # 'cloudpickle'
     JAX_EXPORT: FunctionKind  # 'jax_export'
     def __new__(cls, value: str) -> Self:
@@ -110,7 +113,7 @@ class FunctionKind:
         """The variant's Python name (``CLOUDPICKLE``)."""
 
     @staticmethod
-    def members() -> list[Self]:
+    def members() -> list[FunctionKind]:
         """Every variant, in declaration order."""
 
     def __eq__(self, other: object, /) -> bool: ...
@@ -124,6 +127,7 @@ class ErrorKind:
 
     Equal to, and hashing like, its spelling (``ErrorKind.USER == "user"``),
     so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
     USER: ErrorKind  # 'user'
     INPUT: ErrorKind  # 'input'
     FUNCTION_LOAD: ErrorKind  # 'function_load'
@@ -141,7 +145,7 @@ class ErrorKind:
         """The variant's Python name (``USER``)."""
 
     @staticmethod
-    def members() -> list[Self]:
+    def members() -> list[ErrorKind]:
         """Every variant, in declaration order."""
 
     def __eq__(self, other: object, /) -> bool: ...
@@ -155,6 +159,7 @@ class ResourceState:
 
     Equal to, and hashing like, its spelling (``ResourceState.PENDING == "pending"``),
     so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
     PENDING: ResourceState  # 'pending'
     READY: ResourceState  # 'ready'
     FAILED: ResourceState  # 'failed'
@@ -172,7 +177,7 @@ class ResourceState:
         """The variant's Python name (``PENDING``)."""
 
     @staticmethod
-    def members() -> list[Self]:
+    def members() -> list[ResourceState]:
         """Every variant, in declaration order."""
 
     def __eq__(self, other: object, /) -> bool: ...
@@ -807,7 +812,7 @@ class WorkerJob:
 
     def reply_error(
         self,
-        kind: Literal["user", "input", "function_load", "infrastructure"],
+        kind: ErrorKind | Literal["user", "input", "function_load", "infrastructure"],
         type_name: str,
         module: str,
         message: str,

@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyList};
 use super::blocking::{block_detached, finish_serving, wait_in_slices};
 use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use super::convert::{duration, server_limits};
-use super::enums::FunctionKind;
+use super::enums::{ErrorKind, FunctionKind};
 use super::metrics::LatencyHistogram;
 use super::status::WorkerReport;
 use crate::rpc::codes::{parse_code, parse_error_kind};
@@ -20,6 +20,16 @@ use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
 use crate::worker::store::DEFAULT_MAX_FUNCTION_BYTES;
 use crate::worker::{Job, JobReply, JobRequest, Pop, WorkerConfig, WorkerError, WorkerServer};
+
+/// A `reply_error` kind: an `ErrorKind` (not `CANCELLED`, which no worker reports) or its
+/// spelling.
+fn reported_kind(kind: &Bound<'_, PyAny>) -> PyResult<pb::ErrorKind> {
+    let kind = match kind.extract::<ErrorKind>() {
+        Ok(kind) => kind.spelling().to_owned(),
+        Err(_) => kind.extract::<String>()?,
+    };
+    parse_error_kind(&kind).map_err(PyValueError::new_err)
+}
 
 fn worker_error(error: WorkerError) -> PyErr {
     match error {
@@ -353,7 +363,7 @@ impl PyWorkerJob {
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     fn reply_error(
         &self,
-        kind: &str,
+        kind: &Bound<'_, PyAny>,
         type_name: String,
         module: String,
         message: String,
@@ -364,9 +374,7 @@ impl PyWorkerJob {
         ps_task: Option<i64>,
     ) -> PyResult<()> {
         let error = pb::ClosureError {
-            kind: parse_error_kind(kind)
-                .map_err(PyValueError::new_err)?
-                .into(),
+            kind: reported_kind(kind)?.into(),
             type_name,
             module,
             message,

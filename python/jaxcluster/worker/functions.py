@@ -7,6 +7,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from jaxcluster._native import core
+
 __all__ = ["FunctionCache", "FunctionLoadError"]
 
 
@@ -126,9 +128,9 @@ def _shardings(exported: Any, devices: list[Any], jax: Any) -> tuple[tuple[Any, 
     return convert(exported.in_shardings_hlo), convert(exported.out_shardings_hlo)
 
 
-_LOADERS: dict[str, Callable[[bytes], Callable[..., Any]]] = {
-    "cloudpickle": _load_cloudpickle,
-    "jax_export": _load_jax_export,
+_LOADERS: dict[core.FunctionKind, Callable[[bytes], Callable[..., Any]]] = {
+    core.FunctionKind.CLOUDPICKLE: _load_cloudpickle,
+    core.FunctionKind.JAX_EXPORT: _load_jax_export,
 }
 
 
