@@ -58,7 +58,7 @@ def progress(
         while pending:
             pending[0]._wait(_SWEEP_SECONDS)
             waiting: deque[RemoteValue] = deque()
-            ended = []
+            ended: list[RemoteValue] = []
             for value in pending:
                 (ended if value.done() else waiting).append(value)
             pending = waiting

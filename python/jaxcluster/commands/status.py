@@ -172,8 +172,8 @@ def _ask(job: str | None, index: int | None, address: str, settings: dict[str, A
         except errors.JaxClusterError as exc:
             return _failed_row(name(job or "?"), address, exc)
     try:
-        status = core.PsClient(address, **settings).get_status()
-        return _ps_row(name("ps"), address, status)
+        ps_status = core.PsClient(address, **settings).get_status()
+        return _ps_row(name("ps"), address, ps_status)
     except errors.JaxClusterError as exc:
         return _failed_row(name("ps"), address, exc)
 

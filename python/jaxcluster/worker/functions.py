@@ -157,7 +157,7 @@ class FunctionCache:
         self._max_bytes = max_bytes
 
     def get(
-        self, function_hash: bytes, kind: str, payload: Callable[[], bytes]
+        self, function_hash: bytes, kind: core.FunctionKind | None, payload: Callable[[], bytes]
     ) -> Callable[..., Any]:
         """The callable for ``function_hash``; ``payload()`` is only read on a miss.
 
@@ -167,10 +167,11 @@ class FunctionCache:
         if found is not None:
             self._functions.move_to_end(function_hash)
             return found[0]
-        loader = _LOADERS.get(kind)
+        loader = None if kind is None else _LOADERS.get(kind)
         if loader is None:
+            known = [str(k) for k in _LOADERS]
             raise FunctionLoadError(
-                f"function kind {kind!r} is not supported; expected one of {sorted(_LOADERS)}"
+                f"function kind {str(kind)!r} is not supported; expected one of {known}"
             )
         data = payload()
         fn = loader(data)
