@@ -22,7 +22,9 @@ def refresh_log_levels() -> None:
 # Names, one spelling each (rust/rpc/codes.rs owns the tables): gRPC status codes by their
 # canonical names ("DEADLINE_EXCEEDED"); function kinds "cloudpickle" | "jax_export";
 # closure-error kinds "user" | "input" | "function_load" | "infrastructure" (and
-# "cancelled" for a ClosureError of a cancelled closure). Failed RPCs raise the
+# "cancelled" for a ClosureError of a cancelled closure), given to Python as the enums below
+# (FunctionKind, ErrorKind, WorkerState, ServingState, ResourceState), each equal to and
+# hashing like its spelling. Failed RPCs raise the
 # jaxcluster.errors class of their gRPC code: UnauthenticatedError, UnavailableError,
 # NotFoundError, InvalidArgumentError, ResourceExhaustedError, DeadlineExceededError,
 # CancelledError, FailedPreconditionError, AbortedError, InternalError.
@@ -747,7 +749,7 @@ class WorkerServer:
 
     def execution_seconds(self) -> LatencyHistogram:
         """How long closures ran on this worker (the executor taking one to its answer),
-        as a histogram dict like ``Dispatcher.metrics()["latency"]``."""
+        as a histogram like ``Dispatcher.metrics().latency``."""
 
 @final
 class WorkerJob:
@@ -1226,19 +1228,22 @@ class Dispatcher:
         """Whether nothing is queued or running; raises the pending closure error."""
 
     def metrics(self) -> Metrics:
-        """Gauges ``queued``, ``inflight``; counters ``completed``, ``failed``,
+        """A typed ``Metrics`` record (``to_dict()`` for the plain dict): gauges ``queued``,
+        ``inflight``; counters ``completed``, ``failed``,
         ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
         failed on an unreachable ps task, retried or not), ``functions_registered`` (payloads
         sent to workers); ``workers`` (per worker ``index``, ``address``, ``state``
         ``'up'`` | ``'recovering'`` | ``'given_up'`` | ``'removed'``, ``in_state_seconds``,
         ``last_error`` and this dispatcher's counts on it: ``completed``, ``failed``, ``retried``,
-        ``failures``); ``latency``: schedule-to-result seconds as
-        ``{"bounds", "counts", "count", "sum", "max", "p50", "p99"}`` (``counts`` has one
+        ``failures``); ``latency``: schedule-to-result seconds as a ``LatencyHistogram``
+        (``bounds``, ``counts``, ``count``, ``sum``, ``max``, ``p50``, ``p99``; ``counts`` has one
         more entry than ``bounds``, for larger values; quantiles are bucket upper bounds,
         None before the first result)."""
 
     def worker_statuses(self) -> list[WorkerStatus]:
-        """Per worker: ``index``, ``address``, ``state``, ``in_state_seconds``,
+        """Per worker, a typed ``WorkerStatus`` (``report`` holds its last ``GetStatus``;
+        ``to_dict()`` gives the flat dict described here): ``index``, ``address``, ``state``,
+        ``in_state_seconds``,
         ``last_error`` (the link's last failure, str or None), this dispatcher's counts on
         it (``completed``, ``failed``, ``retried``, ``failures``) and, once the worker
         answered, the fields of its last ``GetStatus`` (``platform``, ``jax_version``,

@@ -199,6 +199,15 @@ spelled_enum! {
 }
 
 impl FunctionKind {
+    /// The kind a protocol value stands for; `None` for the proto's zero value.
+    pub fn from_proto(kind: pb::FunctionKind) -> Option<Self> {
+        match kind {
+            pb::FunctionKind::Cloudpickle => Some(Self::Cloudpickle),
+            pb::FunctionKind::JaxExport => Some(Self::JaxExport),
+            pb::FunctionKind::Unspecified => None,
+        }
+    }
+
     /// The protocol's value for this kind.
     pub fn proto(self) -> pb::FunctionKind {
         match self {

@@ -292,7 +292,7 @@ impl PyWorkerJob {
     #[getter]
     fn function_kind(&self) -> Option<FunctionKind> {
         self.function()
-            .and_then(|f| FunctionKind::parse(crate::rpc::codes::function_kind_name(f.kind)))
+            .and_then(|f| FunctionKind::from_proto(f.kind))
     }
 
     #[getter]
