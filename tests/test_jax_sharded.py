@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -135,10 +136,25 @@ def test_a_mesh_larger_than_the_workers_is_refused_at_schedule(
 
 
 class _Dispatcher:
-    def __init__(self, statuses: list[dict[str, Any]]) -> None:
-        self.statuses = statuses
+    """Worker statuses shaped like ``_core.WorkerStatus`` (its ``report`` once a platform is
+    known), from the fields given."""
 
-    def worker_statuses(self) -> list[dict[str, Any]]:
+    def __init__(self, statuses: list[dict[str, Any]]) -> None:
+        self.statuses = [
+            SimpleNamespace(
+                index=s["index"],
+                address=s.get("address", "?"),
+                state="up",
+                report=SimpleNamespace(
+                    platform=s["platform"], device_count=s.get("device_count", 0), device_kind=""
+                )
+                if "platform" in s
+                else None,
+            )
+            for s in statuses
+        ]
+
+    def worker_statuses(self) -> list[Any]:
         return self.statuses
 
 

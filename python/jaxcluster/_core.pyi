@@ -1,6 +1,6 @@
 """Type stubs for the native module ``jaxcluster._core`` (Rust, PyO3)."""
 
-from collections.abc import Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from typing import Any, Literal, Protocol, Self, TypeAlias, final, overload
 
 import numpy as np
@@ -22,13 +22,511 @@ def refresh_log_levels() -> None:
 # Names, one spelling each (rust/rpc/codes.rs owns the tables): gRPC status codes by their
 # canonical names ("DEADLINE_EXCEEDED"); function kinds "cloudpickle" | "jax_export";
 # closure-error kinds "user" | "input" | "function_load" | "infrastructure" (and
-# "cancelled" for a ClosureError of a cancelled closure). Failed RPCs raise the
+# "cancelled" for a ClosureError of a cancelled closure), given to Python as the enums below
+# (FunctionKind, ErrorKind, WorkerState, ServingState, ResourceState), each equal to and
+# hashing like its spelling. Failed RPCs raise the
 # jaxcluster.errors class of their gRPC code: UnauthenticatedError, UnavailableError,
 # NotFoundError, InvalidArgumentError, ResourceExhaustedError, DeadlineExceededError,
 # CancelledError, FailedPreconditionError, AbortedError, InternalError.
 
-_FunctionKind = Literal["cloudpickle", "jax_export"]
-_ErrorKind = Literal["user", "input", "function_load", "infrastructure", "cancelled"]
+_FunctionKind: TypeAlias = "FunctionKind | Literal['cloudpickle', 'jax_export']"
+
+# --- Enums (rust/py/enums.rs) ---------------------------------------------------------------
+
+@final
+class WorkerState:
+    """A worker's state as the coordinator's link sees it.
+
+    Equal to, and hashing like, its spelling (``WorkerState.UP == "up"``),
+    so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
+    UP: WorkerState  # 'up'
+    RECOVERING: WorkerState  # 'recovering'
+    GIVEN_UP: WorkerState  # 'given_up'
+    REMOVED: WorkerState  # 'removed'
+    def __new__(cls, value: str) -> Self:
+        """The variant spelled ``value`` (``ValueError`` if none is)."""
+
+    @property
+    def value(self) -> str:
+        """The spelling."""
+
+    @property
+    def name(self) -> str:
+        """The variant's Python name (``UP``)."""
+
+    @staticmethod
+    def members() -> list[WorkerState]:
+        """Every variant, in declaration order."""
+
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Self], tuple[str]]: ...
+
+@final
+class ServingState:
+    """A worker's own serving state, as its ``GetStatus`` reports it.
+
+    Equal to, and hashing like, its spelling (``ServingState.SERVING == "serving"``),
+    so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
+    SERVING: ServingState  # 'serving'
+    DRAINING: ServingState  # 'draining'
+    UNSPECIFIED: ServingState  # 'unspecified'
+    def __new__(cls, value: str) -> Self:
+        """The variant spelled ``value`` (``ValueError`` if none is)."""
+
+    @property
+    def value(self) -> str:
+        """The spelling."""
+
+    @property
+    def name(self) -> str:
+        """The variant's Python name (``SERVING``)."""
+
+    @staticmethod
+    def members() -> list[ServingState]:
+        """Every variant, in declaration order."""
+
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Self], tuple[str]]: ...
+
+@final
+class FunctionKind:
+    """How a registered function's payload is encoded.
+
+    Equal to, and hashing like, its spelling (``FunctionKind.CLOUDPICKLE == "cloudpickle"``),
+    so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
+    CLOUDPICKLE: FunctionKind  # 'cloudpickle'
+    JAX_EXPORT: FunctionKind  # 'jax_export'
+    def __new__(cls, value: str) -> Self:
+        """The variant spelled ``value`` (``ValueError`` if none is)."""
+
+    @property
+    def value(self) -> str:
+        """The spelling."""
+
+    @property
+    def name(self) -> str:
+        """The variant's Python name (``CLOUDPICKLE``)."""
+
+    @staticmethod
+    def members() -> list[FunctionKind]:
+        """Every variant, in declaration order."""
+
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Self], tuple[str]]: ...
+
+@final
+class ErrorKind:
+    """Why a closure did not produce a value (``ClosureError.kind``).
+
+    Equal to, and hashing like, its spelling (``ErrorKind.USER == "user"``),
+    so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
+    USER: ErrorKind  # 'user'
+    INPUT: ErrorKind  # 'input'
+    FUNCTION_LOAD: ErrorKind  # 'function_load'
+    INFRASTRUCTURE: ErrorKind  # 'infrastructure'
+    CANCELLED: ErrorKind  # 'cancelled'
+    def __new__(cls, value: str) -> Self:
+        """The variant spelled ``value`` (``ValueError`` if none is)."""
+
+    @property
+    def value(self) -> str:
+        """The spelling."""
+
+    @property
+    def name(self) -> str:
+        """The variant's Python name (``USER``)."""
+
+    @staticmethod
+    def members() -> list[ErrorKind]:
+        """Every variant, in declaration order."""
+
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Self], tuple[str]]: ...
+
+@final
+class ResourceState:
+    """Where a per-worker resource stands on one worker.
+
+    Equal to, and hashing like, its spelling (``ResourceState.PENDING == "pending"``),
+    so callers holding strings keep working; ``str()`` and ``.value`` give the spelling."""
+
+    PENDING: ResourceState  # 'pending'
+    READY: ResourceState  # 'ready'
+    FAILED: ResourceState  # 'failed'
+    ABORTED: ResourceState  # 'aborted'
+    LOST: ResourceState  # 'lost'
+    def __new__(cls, value: str) -> Self:
+        """The variant spelled ``value`` (``ValueError`` if none is)."""
+
+    @property
+    def value(self) -> str:
+        """The spelling."""
+
+    @property
+    def name(self) -> str:
+        """The variant's Python name (``PENDING``)."""
+
+    @staticmethod
+    def members() -> list[ResourceState]:
+        """Every variant, in declaration order."""
+
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[Self], tuple[str]]: ...
+
+# --- Status records (rust/py/status.rs, rust/py/metrics.rs) ---------------------------------
+
+@final
+class WorkerReport:
+    """What a worker reports about itself (``WorkerClient.get_status()``).
+
+    Example: ``WorkerClient(address).get_status().platform``
+
+    Frozen. ``to_dict()`` gives the plain dict this call returned before it was typed
+    (enums as their spellings, nested records as dicts); ``record[key]`` and
+    ``record.get(key)`` read that dict, so code written against it keeps working."""
+
+    @property
+    def state(self) -> ServingState:
+        """Its own serving state (``serving``/``draining``)."""
+
+    @property
+    def worker_index(self) -> int: ...
+    @property
+    def jaxcluster_version(self) -> str: ...
+    @property
+    def jax_version(self) -> str: ...
+    @property
+    def platform(self) -> str:
+        """JAX platform (``cpu``, ``gpu``, ``tpu``); empty before JAX loaded."""
+
+    @property
+    def device_count(self) -> int: ...
+    @property
+    def device_kind(self) -> str: ...
+    @property
+    def closure_bytes_received(self) -> int: ...
+    @property
+    def closure_bytes_sent(self) -> int: ...
+    @property
+    def functions_registered(self) -> int: ...
+    @property
+    def closures_run(self) -> int: ...
+    @property
+    def closures_failed(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def resources_created(self) -> int: ...
+    @property
+    def resources_released(self) -> int: ...
+    @property
+    def unauthenticated_requests(self) -> int: ...
+    @property
+    def rejected_requests(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def uptime_seconds(self) -> float: ...
+    @property
+    def protocol_revision(self) -> int: ...
+    @property
+    def previous_exit(self) -> str: ...
+    @property
+    def connections_open(self) -> int: ...
+    @property
+    def connections_dropped(self) -> int: ...
+    @property
+    def incarnation(self) -> int:
+        """Random per worker server process (0 from a worker too old to say)."""
+
+    @property
+    def last_error(self) -> str:
+        """Its own last closure error (empty if none)."""
+
+    @property
+    def slice_index(self) -> int | None: ...
+    @property
+    def slice_rank(self) -> int | None: ...
+    @property
+    def slice_size(self) -> int | None: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (for JSON, Prometheus and callers written against it)."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict()``'s keys."""
+
+@final
+class WorkerStatus:
+    """One worker as the coordinator sees it (``Dispatcher.worker_statuses()``,
+    ``ClusterCoordinator.workers``): the link's state and counts and the worker's last report.
+
+    Example: ``[w.address for w in coordinator.workers if w.state == "up"]``
+
+    Frozen. ``to_dict()`` gives the plain dict this call returned before it was typed
+    (enums as their spellings, nested records as dicts); ``record[key]`` and
+    ``record.get(key)`` read that dict, so code written against it keeps working."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def state(self) -> WorkerState:
+        """The link's state: up, recovering, given_up or removed."""
+
+    @property
+    def in_state_seconds(self) -> float: ...
+    @property
+    def last_error(self) -> str | None:
+        """The link's last failure talking to the worker."""
+
+    @property
+    def completed(self) -> int: ...
+    @property
+    def failed(self) -> int: ...
+    @property
+    def retried(self) -> int: ...
+    @property
+    def failures(self) -> int: ...
+    @property
+    def report(self) -> WorkerReport | None:
+        """The worker's last ``GetStatus`` answer, once it answered."""
+
+    @property
+    def status_age_seconds(self) -> float | None:
+        """How old ``report`` is."""
+
+    @property
+    def uptime_seconds(self) -> float | None:
+        """The report's uptime, carried forward to now while the worker is up."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (for JSON, Prometheus and callers written against it)."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict()``'s keys."""
+
+@final
+class PsStatus:
+    """What a parameter server reports about itself (``PsClient.get_status()``).
+
+    Example: ``PsClient(address).get_status().variables``
+
+    Frozen. ``to_dict()`` gives the plain dict this call returned before it was typed
+    (enums as their spellings, nested records as dicts); ``record[key]`` and
+    ``record.get(key)`` read that dict, so code written against it keeps working."""
+
+    @property
+    def ps_index(self) -> int: ...
+    @property
+    def jaxcluster_version(self) -> str: ...
+    @property
+    def protocol_revision(self) -> int: ...
+    @property
+    def incarnation(self) -> int: ...
+    @property
+    def variables(self) -> int: ...
+    @property
+    def variable_bytes(self) -> int: ...
+    @property
+    def reads(self) -> int: ...
+    @property
+    def updates(self) -> int: ...
+    @property
+    def variables_created(self) -> int: ...
+    @property
+    def unauthenticated_requests(self) -> int: ...
+    @property
+    def rejected_requests(self) -> int: ...
+    @property
+    def pid(self) -> int: ...
+    @property
+    def uptime_seconds(self) -> float: ...
+    @property
+    def connections_open(self) -> int: ...
+    @property
+    def connections_dropped(self) -> int: ...
+    @property
+    def bytes_read(self) -> int: ...
+    @property
+    def bytes_written(self) -> int: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (for JSON, Prometheus and callers written against it)."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict()``'s keys."""
+
+@final
+class Metrics:
+    """The coordinator's counters at one moment (``Dispatcher.metrics()``).
+
+    Example: ``metrics.completed + metrics.failed``
+
+    Frozen. ``to_dict()`` gives the plain dict this call returned before it was typed
+    (enums as their spellings, nested records as dicts); ``record[key]`` and
+    ``record.get(key)`` read that dict, so code written against it keeps working."""
+
+    @property
+    def queued(self) -> int: ...
+    @property
+    def inflight(self) -> int: ...
+    @property
+    def completed(self) -> int: ...
+    @property
+    def failed(self) -> int: ...
+    @property
+    def cancelled(self) -> int: ...
+    @property
+    def retried(self) -> int: ...
+    @property
+    def worker_failures(self) -> int: ...
+    @property
+    def ps_failures(self) -> int:
+        """Closure runs that failed on an unreachable ps task, retried or not."""
+
+    @property
+    def functions_registered(self) -> int:
+        """Payloads sent to workers."""
+
+    @property
+    def workers(self) -> list[WorkerMetrics]: ...
+    @property
+    def latency(self) -> LatencyHistogram:
+        """Schedule-to-result seconds."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (for JSON, Prometheus and callers written against it)."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict()``'s keys."""
+
+@final
+class WorkerMetrics:
+    """One worker's entry in ``Metrics.workers``.
+
+    Example: ``metrics.workers[0].state == "up"``
+
+    Frozen. ``to_dict()`` gives the plain dict this call returned before it was typed
+    (enums as their spellings, nested records as dicts); ``record[key]`` and
+    ``record.get(key)`` read that dict, so code written against it keeps working."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def address(self) -> str: ...
+    @property
+    def state(self) -> WorkerState: ...
+    @property
+    def in_state_seconds(self) -> float: ...
+    @property
+    def completed(self) -> int: ...
+    @property
+    def failed(self) -> int: ...
+    @property
+    def retried(self) -> int: ...
+    @property
+    def failures(self) -> int: ...
+    @property
+    def last_error(self) -> str | None: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (for JSON, Prometheus and callers written against it)."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict()``'s keys."""
+
+@final
+class LatencyHistogram:
+    """A latency histogram (``Metrics.latency``, ``WorkerServer.execution_seconds()``).
+
+    Example: ``metrics.latency.p99``
+
+    Frozen. ``to_dict()`` gives the plain dict this call returned before it was typed
+    (enums as their spellings, nested records as dicts); ``record[key]`` and
+    ``record.get(key)`` read that dict, so code written against it keeps working."""
+
+    @property
+    def bounds(self) -> list[float]:
+        """Bucket upper bounds, seconds."""
+
+    @property
+    def counts(self) -> list[int]:
+        """One per bound, then the overflow bucket."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def sum(self) -> float: ...
+    @property
+    def max(self) -> float: ...
+    @property
+    def p50(self) -> float | None:
+        """Bucket upper bound; None before the first observation."""
+
+    @property
+    def p99(self) -> float | None: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (for JSON, Prometheus and callers written against it)."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict()``'s keys."""
+
+def set_exception_builder(builder: Callable[[ClosureError], BaseException]) -> None:
+    """Registers how a closure's ``ClosureError`` becomes the exception the dispatcher
+    raises (its pending error). ``jaxcluster._native`` registers
+    ``jaxcluster.coordinator._errors.build_exception`` on import; the first registration
+    stands."""
 
 # --- Buffers (rust/py/buffer.rs) -------------------------------------------------------------
 
@@ -92,7 +590,7 @@ class ClosureError:
 
     def __new__(
         cls,
-        kind: _ErrorKind,
+        kind: ErrorKind | Literal["user", "input", "function_load", "infrastructure", "cancelled"],
         *,
         type_name: str,
         message: str,
@@ -109,7 +607,7 @@ class ClosureError:
         name."""
 
     @property
-    def kind(self) -> _ErrorKind:
+    def kind(self) -> ErrorKind:
         """``user`` (the function raised; ``function_load``: its payload did not load on
         the worker), ``input`` (a per-worker resource it needed failed), ``infrastructure``
         (with ``code``) or ``cancelled``."""
@@ -246,12 +744,12 @@ class WorkerServer:
         serving. Returns whether it drained in time. Do not call it from the executor
         thread while that thread holds an unanswered job."""
 
-    def status(self) -> dict[str, Any]:
-        """What ``GetStatus`` would answer (same keys as :meth:`WorkerClient.get_status`)."""
+    def status(self) -> WorkerReport:
+        """What ``GetStatus`` would answer (as :meth:`WorkerClient.get_status`)."""
 
-    def execution_seconds(self) -> dict[str, Any]:
+    def execution_seconds(self) -> LatencyHistogram:
         """How long closures ran on this worker (the executor taking one to its answer),
-        as a histogram dict like ``Dispatcher.metrics()["latency"]``."""
+        as a histogram like ``Dispatcher.metrics().latency``."""
 
 @final
 class WorkerJob:
@@ -285,7 +783,7 @@ class WorkerJob:
         """SHA-256 of the function payload (``run`` and ``create_resource`` jobs)."""
 
     @property
-    def function_kind(self) -> _FunctionKind | None: ...
+    def function_kind(self) -> FunctionKind | None: ...
     @property
     def function_payload(self) -> bytes | None:
         """The registered payload; copied on each access, so read it only on a cache miss."""
@@ -316,7 +814,7 @@ class WorkerJob:
 
     def reply_error(
         self,
-        kind: Literal["user", "input", "function_load", "infrastructure"],
+        kind: ErrorKind | Literal["user", "input", "function_load", "infrastructure"],
         type_name: str,
         module: str,
         message: str,
@@ -364,7 +862,7 @@ class WorkerClient:
 
     @property
     def address(self) -> str: ...
-    def get_status(self, timeout: float | None = None) -> dict[str, Any]:
+    def get_status(self, timeout: float | None = None) -> WorkerReport:
         """``state`` ('serving' | 'draining'), ``worker_index``, ``jaxcluster_version``,
         ``jax_version``, ``platform``, ``functions_registered``, ``closures_run``,
         ``closures_failed``, ``queued``, ``inflight``, ``resources_created``,
@@ -729,20 +1227,23 @@ class Dispatcher:
     def done(self) -> bool:
         """Whether nothing is queued or running; raises the pending closure error."""
 
-    def metrics(self) -> dict[str, Any]:
-        """Gauges ``queued``, ``inflight``; counters ``completed``, ``failed``,
+    def metrics(self) -> Metrics:
+        """A typed ``Metrics`` record (``to_dict()`` for the plain dict): gauges ``queued``,
+        ``inflight``; counters ``completed``, ``failed``,
         ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
         failed on an unreachable ps task, retried or not), ``functions_registered`` (payloads
         sent to workers); ``workers`` (per worker ``index``, ``address``, ``state``
         ``'up'`` | ``'recovering'`` | ``'given_up'`` | ``'removed'``, ``in_state_seconds``,
         ``last_error`` and this dispatcher's counts on it: ``completed``, ``failed``, ``retried``,
-        ``failures``); ``latency``: schedule-to-result seconds as
-        ``{"bounds", "counts", "count", "sum", "max", "p50", "p99"}`` (``counts`` has one
+        ``failures``); ``latency``: schedule-to-result seconds as a ``LatencyHistogram``
+        (``bounds``, ``counts``, ``count``, ``sum``, ``max``, ``p50``, ``p99``; ``counts`` has one
         more entry than ``bounds``, for larger values; quantiles are bucket upper bounds,
         None before the first result)."""
 
-    def worker_statuses(self) -> list[dict[str, Any]]:
-        """Per worker: ``index``, ``address``, ``state``, ``in_state_seconds``,
+    def worker_statuses(self) -> list[WorkerStatus]:
+        """Per worker, a typed ``WorkerStatus`` (``report`` holds its last ``GetStatus``;
+        ``to_dict()`` gives the flat dict described here): ``index``, ``address``, ``state``,
+        ``in_state_seconds``,
         ``last_error`` (the link's last failure, str or None), this dispatcher's counts on
         it (``completed``, ``failed``, ``retried``, ``failures``) and, once the worker
         answered, the fields of its last ``GetStatus`` (``platform``, ``jax_version``,
@@ -810,7 +1311,7 @@ class PerWorkerResource:
     def resource_id(self) -> int:
         """What closure arguments carry (``wire.ResourceRef(resource_id)``)."""
 
-    def state(self, worker: int) -> Literal["pending", "ready", "failed", "aborted", "lost"]:
+    def state(self, worker: int) -> ResourceState:
         """The resource's state on ``worker`` (``IndexError`` when out of range); aborted
         when lost with its worker (rebuilt when it returns) or released; lost when lost
         with its worker and created with ``rebuild=False``."""
@@ -870,7 +1371,7 @@ class PsServer:
     def index(self) -> int:
         """This task's index in the ``ps`` job."""
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> PsStatus:
         """The same dict as :meth:`PsClient.get_status`."""
 
     def shutdown(self) -> None:
@@ -908,7 +1409,7 @@ class PsClient:
 
     @property
     def address(self) -> str: ...
-    def get_status(self, *, timeout: float | None = None) -> dict[str, Any]:
+    def get_status(self, *, timeout: float | None = None) -> PsStatus:
         """``ps_index``, ``jaxcluster_version``, ``protocol_revision``, ``incarnation``
         (random per process: changes when the ps restarts), ``variables``,
         ``variable_bytes``, ``reads``, ``updates``, ``variables_created``,

@@ -29,10 +29,13 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jaxcluster import errors
 from jaxcluster._task_process import PREVIOUS_EXIT_ENV
+
+if TYPE_CHECKING:
+    from jaxcluster._core import PsClient, PsStatus, WorkerClient, WorkerReport
 
 __all__ = ["TaskGroup", "TaskProcess"]
 
@@ -122,14 +125,14 @@ class TaskProcess:
             )
         return address
 
-    def wait_serving(self, client: Any, deadline: float) -> dict[str, Any]:
+    def wait_serving(
+        self, client: WorkerClient | PsClient, deadline: float
+    ) -> WorkerReport | PsStatus:
         """``client.get_status()`` once the process answers it (a worker or ps client for
         this process's address), checked to come from this process's index."""
         while True:
             try:
-                status: dict[str, Any] = client.get_status(
-                    timeout=max(0.1, deadline - time.monotonic())
-                )
+                status = client.get_status(timeout=max(0.1, deadline - time.monotonic()))
                 break
             except errors.UnavailableError:
                 if time.monotonic() >= deadline or not self.alive():
@@ -138,9 +141,10 @@ class TaskProcess:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     self.popen.wait(timeout=0.05)
         field = f"{self.job}_index"
-        if status[field] != self.index:
+        reported = getattr(status, field)
+        if reported != self.index:
             raise RuntimeError(
-                f"the process at {client.address} reports {field} {status[field]}, expected "
+                f"the process at {client.address} reports {field} {reported}, expected "
                 f"{self.index}; another process may have taken the port"
             )
         return status

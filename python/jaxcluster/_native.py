@@ -25,4 +25,17 @@ if _core.__version__ != _EXPECTED_VERSION:  # pragma: no cover
 core = _core
 __version__: str = _core.__version__
 
+
+def _build_exception(error: _core.ClosureError) -> BaseException:
+    """The exception a closure's failure is raised as, for the dispatcher's pending error
+    (``jaxcluster.coordinator._errors.build_exception``, imported when first needed: the
+    coordinator package imports this module)."""
+    from jaxcluster.coordinator._errors import build_exception
+
+    return build_exception(error)
+
+
+# Registered once, here, because every use of `_core` imports this module first.
+_core.set_exception_builder(_build_exception)
+
 __all__ = ["__version__", "core"]

@@ -178,7 +178,7 @@ class LocalCluster:
 
         client = core.WorkerClient(self.addresses[index], auth_token=self._token, timeout=5.0)
         try:
-            return int(client.get_status()["pid"])
+            return client.get_status().pid
         except errors.JaxClusterError:
             return None
 

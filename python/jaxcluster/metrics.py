@@ -17,8 +17,22 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from jaxcluster._native import core as _core
+
+if TYPE_CHECKING:
+    from jaxcluster._core import (
+        Dispatcher,
+        LatencyHistogram,
+        Metrics,
+        PsServer,
+        PsStatus,
+        WorkerMetrics,
+        WorkerReport,
+        WorkerServer,
+    )
 
 __all__ = [
     "PIP_LINE",
@@ -32,7 +46,7 @@ __all__ = [
 #: What installs the optional dependency.
 PIP_LINE = "pip install 'jaxcluster[metrics]'"
 
-_STATES = ("up", "recovering", "given_up", "removed")
+_STATES = _core.WorkerState.members()
 
 
 class MissingMetricsExtraError(ImportError):
@@ -51,15 +65,15 @@ def _prometheus() -> Any:
     return prometheus_client
 
 
-def _histogram(core: Any, name: str, doc: str, latency: Mapping[str, Any]) -> Any:
-    """A histogram family from a jaxcluster latency dict (bounded buckets, then +Inf)."""
+def _histogram(core: Any, name: str, doc: str, latency: LatencyHistogram) -> Any:
+    """A histogram family from a jaxcluster latency histogram (bounded buckets, then +Inf)."""
     buckets = []
     cumulative = 0
-    for bound, count in zip(latency["bounds"], latency["counts"], strict=False):
+    for bound, count in zip(latency.bounds, latency.counts, strict=False):
         cumulative += int(count)
         buckets.append((repr(float(bound)), cumulative))
-    buckets.append(("+Inf", int(latency["count"])))
-    return core.HistogramMetricFamily(name, doc, buckets=buckets, sum_value=latency["sum"])
+    buckets.append(("+Inf", int(latency.count)))
+    return core.HistogramMetricFamily(name, doc, buckets=buckets, sum_value=latency.sum)
 
 
 def _counter(core: Any, name: str, doc: str, value: float, **labels: str) -> Any:
@@ -72,38 +86,38 @@ def _gauge(core: Any, name: str, doc: str, value: float) -> Any:
     return core.GaugeMetricFamily(name, doc, value=value)
 
 
-def _refused(core: Any, status: Mapping[str, Any]) -> Any:
+def _refused(core: Any, status: WorkerReport | PsStatus) -> Any:
     family = core.CounterMetricFamily(
         "jaxcluster_refused_requests",
         "Requests refused: reason=unauthenticated (no or wrong token), rejected "
         "(malformed, unknown or oversized).",
         labels=["reason"],
     )
-    family.add_metric(["unauthenticated"], status["unauthenticated_requests"])
-    family.add_metric(["rejected"], status["rejected_requests"])
+    family.add_metric(["unauthenticated"], status.unauthenticated_requests)
+    family.add_metric(["rejected"], status.rejected_requests)
     return family
 
 
-def _task_info(core: Any, job: str, status: Mapping[str, Any], **extra: str) -> Iterator[Any]:
+def _task_info(core: Any, job: str, status: WorkerReport | PsStatus, **extra: str) -> Iterator[Any]:
     info = core.GaugeMetricFamily(
         "jaxcluster_task_info",
         "Always 1; labels say which task this is and what it runs.",
         labels=["job", "version", *extra],
     )
-    info.add_metric([job, str(status["jaxcluster_version"]), *extra.values()], 1)
+    info.add_metric([job, status.jaxcluster_version, *extra.values()], 1)
     yield info
     yield _gauge(
         core,
         "jaxcluster_task_uptime_seconds",
         "Seconds since the task's server started.",
-        status["uptime_seconds"],
+        status.uptime_seconds,
     )
 
 
 class _CoordinatorCollector:
     """What ``Dispatcher.metrics()`` says, when scraped."""
 
-    def __init__(self, metrics: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, metrics: Callable[[], Metrics]) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Any]:
@@ -115,51 +129,52 @@ class _CoordinatorCollector:
             "cancelled: by a raised error under cancel_all, or by shutdown).",
             labels=["outcome"],
         )
-        for outcome in ("completed", "failed", "cancelled"):
-            closures.add_metric([outcome], m[outcome])
+        closures.add_metric(["completed"], m.completed)
+        closures.add_metric(["failed"], m.failed)
+        closures.add_metric(["cancelled"], m.cancelled)
         yield closures
-        yield _gauge(core, "jaxcluster_closures_queued", "Closures queued.", m["queued"])
+        yield _gauge(core, "jaxcluster_closures_queued", "Closures queued.", m.queued)
         yield _gauge(
             core,
             "jaxcluster_closures_inflight",
             "Closures taken by a worker and not ended.",
-            m["inflight"],
+            m.inflight,
         )
         yield _counter(
             core,
             "jaxcluster_closure_retries",
             "Executions put back to run again (worker failures, timeouts, infrastructure "
             "errors, transient parameter-server failures).",
-            m["retried"],
+            m.retried,
         )
         yield _counter(
             core,
             "jaxcluster_ps_failures",
             "Closure runs that failed on an unreachable or restarted parameter server.",
-            m["ps_failures"],
+            m.ps_failures,
         )
         yield _counter(
             core,
             "jaxcluster_functions_registered",
             "Function payloads sent to workers.",
-            m["functions_registered"],
+            m.functions_registered,
         )
         yield _histogram(
             core,
             "jaxcluster_closure_latency_seconds",
             "Seconds from schedule() to the closure's result.",
-            m["latency"],
+            m.latency,
         )
-        yield from self._workers(core, m["workers"])
+        yield from self._workers(core, m.workers)
 
     @staticmethod
-    def _workers(core: Any, workers: list[Mapping[str, Any]]) -> Iterator[Any]:
+    def _workers(core: Any, workers: list[WorkerMetrics]) -> Iterator[Any]:
         labels = ["worker", "index"]
         count = core.GaugeMetricFamily(
             "jaxcluster_workers", "Workers in each state.", labels=["state"]
         )
         for state in _STATES:
-            count.add_metric([state], sum(w["state"] == state for w in workers))
+            count.add_metric([str(state)], sum(w.state == state for w in workers))
         yield count
         up = core.GaugeMetricFamily(
             "jaxcluster_worker_up", "1 while the worker serves.", labels=labels
@@ -186,18 +201,18 @@ class _CoordinatorCollector:
             labels=labels,
         )
         for w in workers:
-            key = [str(w["address"]), str(w["index"])]
-            up.add_metric(key, 1 if w["state"] == "up" else 0)
+            key = [w.address, str(w.index)]
+            up.add_metric(key, 1 if w.state == _core.WorkerState.UP else 0)
             for name in _STATES:
-                state.add_metric([*key, name], 1 if w["state"] == name else 0)
-            closures.add_metric([*key, "completed"], w["completed"])
-            closures.add_metric([*key, "failed"], w["failed"])
-            retries.add_metric(key, w["retried"])
-            failures.add_metric(key, w["failures"])
+                state.add_metric([*key, str(name)], 1 if w.state == name else 0)
+            closures.add_metric([*key, "completed"], w.completed)
+            closures.add_metric([*key, "failed"], w.failed)
+            retries.add_metric(key, w.retried)
+            failures.add_metric(key, w.failures)
         yield from (up, state, closures, retries, failures)
 
 
-#: (kind, name, help, GetStatus key) of the plain series a worker and a ps export.
+#: (kind, name, help, GetStatus attribute) of the plain series a worker and a ps export.
 _WORKER_SERIES = (
     ("gauge", "jaxcluster_executor_queued", "Requests waiting.", "queued"),
     ("gauge", "jaxcluster_executor_inflight", "Requests running.", "inflight"),
@@ -236,17 +251,17 @@ _PS_SERIES = (
 )
 
 
-def _series(core: Any, table: Any, status: Mapping[str, Any]) -> Iterator[Any]:
+def _series(core: Any, table: Any, status: WorkerReport | PsStatus) -> Iterator[Any]:
     """One gauge or counter per row of ``table``, valued from ``status``."""
     for kind, name, text, key in table:
         make = _gauge if kind == "gauge" else _counter
-        yield make(core, name, text, status[key])
+        yield make(core, name, text, getattr(status, key))
 
 
 class _WorkerCollector:
     """A worker server's own counters (its ``GetStatus``) and execution times."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: WorkerServer) -> None:
         self._server = server
 
     def collect(self) -> Iterator[Any]:
@@ -257,15 +272,15 @@ class _WorkerCollector:
             "Closures this worker ran, by outcome (failed: raised or refused).",
             labels=["outcome"],
         )
-        closures.add_metric(["completed"], s["closures_run"] - s["closures_failed"])
-        closures.add_metric(["failed"], s["closures_failed"])
+        closures.add_metric(["completed"], s.closures_run - s.closures_failed)
+        closures.add_metric(["failed"], s.closures_failed)
         yield closures
         yield from _series(core, _WORKER_SERIES, s)
         yield _gauge(
             core,
             "jaxcluster_executor_draining",
             "1 once the worker is shutting down.",
-            1 if s["state"] == "draining" else 0,
+            1 if s.state == _core.ServingState.DRAINING else 0,
         )
         yield _histogram(
             core,
@@ -278,16 +293,16 @@ class _WorkerCollector:
             core,
             "worker",
             s,
-            index=str(s["worker_index"]),
-            jax_version=str(s["jax_version"]),
-            platform=str(s["platform"]),
+            index=str(s.worker_index),
+            jax_version=s.jax_version,
+            platform=s.platform,
         )
 
 
 class _PsCollector:
     """A ps server's counters (its ``GetStatus``)."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: PsServer) -> None:
         self._server = server
 
     def collect(self) -> Iterator[Any]:
@@ -295,7 +310,7 @@ class _PsCollector:
         s = self._server.status()
         yield from _series(core, _PS_SERIES, s)
         yield _refused(core, s)
-        yield from _task_info(core, "ps", s, index=str(s["ps_index"]))
+        yield from _task_info(core, "ps", s, index=str(s.ps_index))
 
 
 class MetricsServer:
@@ -339,16 +354,16 @@ class MetricsServer:
             self._thread.join(timeout=5.0)
 
 
-def serve_coordinator(dispatcher: Any, host: str, port: int) -> MetricsServer:
+def serve_coordinator(dispatcher: Dispatcher, host: str, port: int) -> MetricsServer:
     """Serves a dispatcher's metrics (``jaxcluster_closures_total`` and the rest)."""
     return MetricsServer(_CoordinatorCollector(dispatcher.metrics), host, port)
 
 
-def serve_worker(server: Any, host: str, port: int) -> MetricsServer:
+def serve_worker(server: WorkerServer, host: str, port: int) -> MetricsServer:
     """Serves a worker server's metrics (``jaxcluster_executor_*`` and task info)."""
     return MetricsServer(_WorkerCollector(server), host, port, process=True)
 
 
-def serve_ps(server: Any, host: str, port: int) -> MetricsServer:
+def serve_ps(server: PsServer, host: str, port: int) -> MetricsServer:
     """Serves a ps server's metrics (``jaxcluster_ps_*`` and task info)."""
     return MetricsServer(_PsCollector(server), host, port, process=True)

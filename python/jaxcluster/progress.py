@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxcluster._core import Dispatcher, Metrics
 
 __all__ = ["join_with_progress", "progress"]
 
@@ -55,7 +58,7 @@ def progress(
         while pending:
             pending[0]._wait(_SWEEP_SECONDS)
             waiting: deque[RemoteValue] = deque()
-            ended = []
+            ended: list[RemoteValue] = []
             for value in pending:
                 (ended if value.done() else waiting).append(value)
             pending = waiting
@@ -64,30 +67,30 @@ def progress(
                 yield from ended
 
 
-def join_with_progress(dispatcher: Any, timeout: float | None = None, **tqdm_args: Any) -> bool:
+def join_with_progress(
+    dispatcher: Dispatcher, timeout: float | None = None, **tqdm_args: Any
+) -> bool:
     """``dispatcher.join(timeout)`` with a ``tqdm`` bar of the closures ending meanwhile
     (its total grows if more are scheduled while it waits). Raises what ``join`` raises."""
     import time
 
     from tqdm.auto import tqdm
 
-    def ended(metrics: dict[str, Any]) -> int:
-        return int(metrics["completed"]) + int(metrics["failed"]) + int(metrics["cancelled"])
+    def ended(metrics: Metrics) -> int:
+        return metrics.completed + metrics.failed + metrics.cancelled
 
     start = dispatcher.metrics()
     baseline = ended(start)
     deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
     tqdm_args.setdefault("unit", "closure")
     tqdm_args.setdefault("desc", "join")
-    with tqdm(total=int(start["queued"]) + int(start["inflight"]), **tqdm_args) as bar:
+    with tqdm(total=start.queued + start.inflight, **tqdm_args) as bar:
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             finished = bool(dispatcher.join(_SWEEP_SECONDS * 4 if left is None else min(left, 0.2)))
             metrics = dispatcher.metrics()
             done = ended(metrics) - baseline
-            bar.total = max(
-                bar.total or 0, done + int(metrics["queued"]) + int(metrics["inflight"])
-            )
+            bar.total = max(bar.total or 0, done + metrics.queued + metrics.inflight)
             bar.update(done - bar.n)
             if finished:
                 return True

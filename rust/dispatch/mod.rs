@@ -146,7 +146,7 @@ pub use dispatcher::{Dispatcher, MetricsSnapshot};
 pub use failure::{ClosureFailure, FailureKind};
 pub use functions::{FunctionHash, FunctionKind};
 pub use metrics::LatencySnapshot;
-pub use resources::{PerWorkerResource, ResourceState};
+pub use resources::{PerWorkerResource, ResourceState, ResourceStatus};
 pub use result_cell::{CellStatus, EncodedValue, Interrupted, Outcome, ResultCell};
 pub use status::{LinkState, WorkerSnapshot};
 pub use transport::WorkerTransport;

@@ -29,14 +29,49 @@ pub enum ResourceState {
 }
 
 impl ResourceState {
-    /// The state as the binding spells it.
+    /// The state without what it carries, for callers that only tell states apart.
+    pub fn status(&self) -> ResourceStatus {
+        match self {
+            Self::Pending => ResourceStatus::Pending,
+            Self::Ready => ResourceStatus::Ready,
+            Self::Failed(_) => ResourceStatus::Failed,
+            Self::Aborted => ResourceStatus::Aborted,
+            Self::Lost(_) => ResourceStatus::Lost,
+        }
+    }
+
+    /// The state as the binding spells it (see [`ResourceStatus::label`]).
     pub fn label(&self) -> &'static str {
+        self.status().label()
+    }
+}
+
+/// A [`ResourceState`] without its failure: what the Python binding's `ResourceState`
+/// enum mirrors, one variant each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResourceStatus {
+    /// See [`ResourceState::Pending`].
+    Pending,
+    /// See [`ResourceState::Ready`].
+    Ready,
+    /// See [`ResourceState::Failed`].
+    Failed,
+    /// See [`ResourceState::Aborted`].
+    Aborted,
+    /// See [`ResourceState::Lost`].
+    Lost,
+}
+
+impl ResourceStatus {
+    /// The one spelling of each state: `"pending"`, `"ready"`, `"failed"`, `"aborted"` or
+    /// `"lost"`.
+    pub fn label(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Ready => "ready",
-            Self::Failed(_) => "failed",
+            Self::Failed => "failed",
             Self::Aborted => "aborted",
-            Self::Lost(_) => "lost",
+            Self::Lost => "lost",
         }
     }
 }

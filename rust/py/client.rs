@@ -1,10 +1,8 @@
 //! `jaxcluster._core.WorkerClient`: blocking calls on the Rust worker client, made with
-//! the GIL released (see [`super::blocking::wait_for`]). Also the worker dicts other
-//! binding files share, such as [`status_dict`].
+//! the GIL released (see [`super::blocking::wait_for`]).
 
 use std::time::Duration;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -12,9 +10,10 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::blocking::{in_runtime, wait_for};
 use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use super::convert::{client_config, duration, to_bytes};
+use super::enums::function_kind_arg;
 use super::errors::new_error;
 use super::outcome::PyClosureError;
-use crate::rpc::wire::codes::parse_function_kind;
+use super::status::WorkerReport;
 use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::{pb, WorkerClient};
 
@@ -30,49 +29,6 @@ fn value(
             })
         })
         .transpose()
-}
-
-/// `GetStatus` as a dict; shared with `WorkerServer.status()`.
-pub(crate) fn status_dict<'py>(
-    py: Python<'py>,
-    s: &pb::GetStatusResponse,
-) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    let state = match s.state() {
-        pb::ServingState::Serving => "serving",
-        pb::ServingState::Draining => "draining",
-        pb::ServingState::Unspecified => "unspecified",
-    };
-    d.set_item("state", state)?;
-    d.set_item("worker_index", s.worker_index)?;
-    d.set_item("jaxcluster_version", &s.jaxcluster_version)?;
-    d.set_item("jax_version", &s.jax_version)?;
-    d.set_item("platform", &s.platform)?;
-    d.set_item("device_count", s.device_count)?;
-    d.set_item("device_kind", &s.device_kind)?;
-    d.set_item("closure_bytes_received", s.closure_bytes_received)?;
-    d.set_item("closure_bytes_sent", s.closure_bytes_sent)?;
-    d.set_item("functions_registered", s.functions_registered)?;
-    d.set_item("closures_run", s.closures_run)?;
-    d.set_item("closures_failed", s.closures_failed)?;
-    d.set_item("queued", s.queued)?;
-    d.set_item("inflight", s.inflight)?;
-    d.set_item("resources_created", s.resources_created)?;
-    d.set_item("resources_released", s.resources_released)?;
-    d.set_item("unauthenticated_requests", s.unauthenticated_requests)?;
-    d.set_item("rejected_requests", s.rejected_requests)?;
-    d.set_item("pid", s.pid)?;
-    d.set_item("uptime_seconds", s.uptime_seconds)?;
-    d.set_item("protocol_revision", s.protocol_revision)?;
-    d.set_item("previous_exit", &s.previous_exit)?;
-    d.set_item("connections_open", s.connections_open)?;
-    d.set_item("connections_dropped", s.connections_dropped)?;
-    d.set_item("incarnation", s.incarnation)?;
-    d.set_item("last_error", &s.last_error)?;
-    d.set_item("slice_index", s.slice.map(|m| m.index))?;
-    d.set_item("slice_rank", s.slice.map(|m| m.rank))?;
-    d.set_item("slice_size", s.slice.map(|m| m.size))?;
-    Ok(d)
 }
 
 /// A worker's structured error as the `ClosureError` the dispatcher's failures also are.
@@ -164,14 +120,10 @@ impl PyWorkerClient {
     }
 
     #[pyo3(signature = (timeout=None))]
-    fn get_status<'py>(
-        &self,
-        py: Python<'py>,
-        timeout: Option<f64>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    fn get_status(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<WorkerReport> {
         let timeout = self.control_timeout(timeout)?;
         let status = wait_for(py, self.inner.get_status(timeout))?;
-        status_dict(py, &status)
+        Ok(WorkerReport::from(&status))
     }
 
     #[pyo3(signature = (timeout=None))]
@@ -197,15 +149,13 @@ impl PyWorkerClient {
         &self,
         py: Python<'_>,
         function_hash: PyBackedBytes,
-        kind: &str,
+        kind: &Bound<'_, PyAny>,
         payload: PyBackedBytes,
         timeout: Option<f64>,
     ) -> PyResult<bool> {
         let request = pb::RegisterFunctionRequest {
             function_hash: to_bytes(function_hash),
-            kind: parse_function_kind(kind)
-                .map_err(PyValueError::new_err)?
-                .into(),
+            kind: function_kind_arg(kind)?.into(),
             payload: to_bytes(payload),
         };
         let timeout = self.control_timeout(timeout)?;

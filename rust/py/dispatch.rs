@@ -7,9 +7,8 @@
 //! interrupts it (`super::blocking`); `shutdown` waits for the link tasks with the GIL
 //! released (the links take it only to log, so they cannot deadlock on it). A settled cell hands Python an
 //! `EncodedValue` or a `ClosureError` (`super::outcome`), and a closure's failure raised
-//! here becomes a Python exception through
-//! `jaxcluster.coordinator._errors.build_exception(closure_error)` (Python owns rebuilding
-//! user exceptions).
+//! here becomes a Python exception through the builder Python registers once
+//! (`_core.set_exception_builder`; Python owns rebuilding user exceptions).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -17,21 +16,22 @@ use std::time::Instant;
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyDict, PyList};
 
 use super::blocking::{
     detach_interruptible, in_runtime, interrupted, with_wait_policy, SIGNAL_POLL,
 };
 use super::buffer::bytes_of_all;
 use super::convert::{duration, to_bytes};
-use super::dispatch_convert::{dispatch_error, metrics_dict, worker_dict};
+use super::dispatch_convert::dispatch_error;
+use super::enums::{function_kind_arg, ResourceState};
+use super::metrics::Metrics;
 use super::outcome::outcome_object;
+use super::status::WorkerStatus;
 use crate::dispatch::{
     DispatchError, Dispatcher, DispatcherConfig, EncodedValue, ErrorPolicy, PerWorkerResource,
     ResultCell,
 };
 use crate::queue::WaitPolicy;
-use crate::rpc::codes::parse_function_kind;
 use crate::rpc::{ClientConfig, WorkerClient};
 
 /// The Python-facing dispatcher; documented in `_core.pyi`.
@@ -136,11 +136,11 @@ impl PyDispatcher {
         &self,
         py: Python<'_>,
         hash: &[u8],
-        kind: &str,
+        kind: &Bound<'_, PyAny>,
         payload: PyBackedBytes,
         name: &str,
     ) -> PyResult<()> {
-        let kind = parse_function_kind(kind).map_err(PyValueError::new_err)?;
+        let kind = function_kind_arg(kind)?;
         self.inner
             .register_named_function(hash, kind, to_bytes(payload), name)
             .map_err(|e| dispatch_error(py, e))
@@ -203,18 +203,16 @@ impl PyDispatcher {
         blocking(py, None, |policy| self.inner.done(policy))
     }
 
-    fn metrics<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        metrics_dict(py, &self.inner.metrics())
+    fn metrics(&self) -> Metrics {
+        Metrics::from(&self.inner.metrics())
     }
 
-    fn worker_statuses<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let workers = self
-            .inner
+    fn worker_statuses(&self) -> Vec<WorkerStatus> {
+        self.inner
             .worker_statuses()
             .iter()
-            .map(|worker| worker_dict(py, worker))
-            .collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, workers)
+            .map(WorkerStatus::from)
+            .collect()
     }
 
     #[pyo3(signature = (max_age = 1.0, timeout = 1.0))]
@@ -322,10 +320,10 @@ impl PyPerWorkerResource {
         self.inner.id()
     }
 
-    fn state(&self, worker: i64) -> PyResult<&'static str> {
+    fn state(&self, worker: i64) -> PyResult<ResourceState> {
         let workers = self.inner.num_workers();
         match usize::try_from(worker) {
-            Ok(index) if index < workers => Ok(self.inner.state(index).label()),
+            Ok(index) if index < workers => Ok(self.inner.state(index).status().into()),
             _ => Err(PyIndexError::new_err(format!(
                 "PerWorkerResource.state(): worker {worker} is out of range; expected 0 to {}",
                 workers.saturating_sub(1)

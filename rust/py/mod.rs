@@ -9,11 +9,15 @@ mod convert;
 mod device;
 mod dispatch;
 mod dispatch_convert;
+mod enums;
 mod errors;
 mod log;
+mod metrics;
 mod outcome;
 mod ps;
 mod queue;
+mod record;
+mod status;
 mod worker;
 
 /// Registers every binding on the `_core` module.
@@ -34,5 +38,16 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<outcome::PyClosureError>()?;
     m.add_class::<ps::PyPsServer>()?;
     m.add_class::<ps::PyPsClient>()?;
+    enums::register(m)?;
+    m.add_class::<status::WorkerReport>()?;
+    m.add_class::<status::WorkerStatus>()?;
+    m.add_class::<status::PsStatus>()?;
+    m.add_class::<metrics::Metrics>()?;
+    m.add_class::<metrics::WorkerMetrics>()?;
+    m.add_class::<metrics::LatencyHistogram>()?;
+    m.add_function(wrap_pyfunction!(
+        dispatch_convert::set_exception_builder,
+        m
+    )?)?;
     Ok(())
 }

@@ -10,9 +10,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use super::buffer::{buffer_list, bytes_of, bytes_of_all};
+use super::enums::{error_kind_arg, ErrorKind};
 use crate::dispatch::{ClosureFailure, EncodedValue, Outcome};
 use crate::rpc::pb;
-use crate::rpc::wire::codes::{code_name, error_class, error_kind_name, parse_code};
+use crate::rpc::wire::codes::{code_name, error_class, parse_code};
 
 /// A closure's result as the worker sent it: a pickle and its out-of-band buffers.
 #[pyclass(frozen, module = "jaxcluster._core", name = "EncodedValue")]
@@ -53,20 +54,11 @@ impl PyEncodedValue {
     }
 }
 
-/// The kinds a `ClosureError` can have: the protocol's error kinds, plus `"cancelled"`.
-const KINDS: [&str; 5] = [
-    "user",
-    "input",
-    "function_load",
-    "infrastructure",
-    "cancelled",
-];
-
 /// Why a closure did not produce a value; see `_core.pyi`.
 #[pyclass(frozen, module = "jaxcluster._core", name = "ClosureError")]
 #[derive(Debug, Clone)]
 pub struct PyClosureError {
-    kind: &'static str,
+    kind: ErrorKind,
     code: Option<&'static str>,
     type_name: String,
     module: String,
@@ -83,7 +75,7 @@ impl PyClosureError {
     /// A failure the dispatcher recorded for a closure.
     pub(crate) fn from_failure(failure: &ClosureFailure) -> Self {
         Self {
-            kind: failure.kind.name(),
+            kind: failure.kind.into(),
             code: failure.kind.code().map(code_name),
             type_name: failure.type_name.clone(),
             module: failure.module.clone(),
@@ -102,7 +94,7 @@ impl PyClosureError {
     pub(crate) fn cancelled(why: &str) -> Self {
         let code = tonic::Code::Cancelled;
         Self {
-            kind: "cancelled",
+            kind: ErrorKind::Cancelled,
             code: Some(code_name(code)),
             type_name: error_class(code).to_owned(),
             module: "jaxcluster.errors".to_owned(),
@@ -118,7 +110,7 @@ impl PyClosureError {
 
     /// An error a worker reported verbatim (a `WorkerClient` reply), from `worker`.
     pub(crate) fn from_reported(error: &pb::ClosureError, worker: &str) -> Self {
-        let kind = error_kind_name(error.kind());
+        let kind = ErrorKind::from(error.kind());
         let (exception, exception_buffers) = match &error.exception {
             Some(value) if !value.pickle.is_empty() => {
                 (Some(value.pickle.clone()), value.buffers.clone())
@@ -127,7 +119,7 @@ impl PyClosureError {
         };
         Self {
             kind,
-            code: (kind == "infrastructure").then(|| code_name(tonic::Code::Internal)),
+            code: (kind == ErrorKind::Infrastructure).then(|| code_name(tonic::Code::Internal)),
             type_name: error.type_name.clone(),
             module: error.module.clone(),
             message: error.message.clone(),
@@ -151,7 +143,7 @@ impl PyClosureError {
     ))]
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     fn new(
-        kind: &str,
+        kind: &Bound<'_, PyAny>,
         type_name: String,
         message: String,
         module: String,
@@ -163,11 +155,7 @@ impl PyClosureError {
         ps_task: Option<i64>,
         resource_id: Option<u64>,
     ) -> PyResult<Self> {
-        let kind = KINDS.iter().find(|k| **k == kind).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "ClosureError kind {kind:?} is not known; expected one of {KINDS:?}"
-            ))
-        })?;
+        let kind = error_kind_arg(kind)?;
         let code = match code {
             None => None,
             Some(name) => Some(parse_code(name).map(code_name).ok_or_else(|| {
@@ -193,7 +181,7 @@ impl PyClosureError {
     }
 
     #[getter]
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> ErrorKind {
         self.kind
     }
 
@@ -281,7 +269,9 @@ impl PyClosureError {
         };
         format!(
             "ClosureError(kind={:?}, type_name={:?}, message={:?}{worker})",
-            self.kind, self.type_name, self.message
+            self.kind.spelling(),
+            self.type_name,
+            self.message
         )
     }
 }

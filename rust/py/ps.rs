@@ -16,6 +16,7 @@ use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::blocking::{block_detached, finish_serving, in_runtime, wait_for};
 use super::convert::{client_config, duration, server_limits};
+use super::status::PsStatus;
 use crate::ps::{Op, PsClient, PsConfig, PsError, PsServer};
 use crate::rpc::connections::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION};
 use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
@@ -27,28 +28,6 @@ fn ps_error(error: PsError) -> PyErr {
         PsError::Config(message) => PyValueError::new_err(message),
         PsError::Bind { .. } => PyOSError::new_err(error.to_string()),
     }
-}
-
-fn status_dict<'py>(py: Python<'py>, s: &pb::PsStatusResponse) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("ps_index", s.ps_index)?;
-    d.set_item("jaxcluster_version", &s.jaxcluster_version)?;
-    d.set_item("protocol_revision", s.protocol_revision)?;
-    d.set_item("incarnation", s.incarnation)?;
-    d.set_item("variables", s.variables)?;
-    d.set_item("variable_bytes", s.variable_bytes)?;
-    d.set_item("reads", s.reads)?;
-    d.set_item("updates", s.updates)?;
-    d.set_item("variables_created", s.variables_created)?;
-    d.set_item("unauthenticated_requests", s.unauthenticated_requests)?;
-    d.set_item("rejected_requests", s.rejected_requests)?;
-    d.set_item("pid", s.pid)?;
-    d.set_item("uptime_seconds", s.uptime_seconds)?;
-    d.set_item("connections_open", s.connections_open)?;
-    d.set_item("connections_dropped", s.connections_dropped)?;
-    d.set_item("bytes_read", s.bytes_read)?;
-    d.set_item("bytes_written", s.bytes_written)?;
-    Ok(d)
 }
 
 /// A parameter server (see `_core.pyi` for the Python-facing docs).
@@ -113,8 +92,8 @@ impl PyPsServer {
         self.inner.status().ps_index
     }
 
-    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        status_dict(py, &self.inner.status())
+    fn status(&self) -> PsStatus {
+        PsStatus::from(&self.inner.status())
     }
 
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
@@ -219,14 +198,10 @@ impl PyPsClient {
     }
 
     #[pyo3(signature = (*, timeout=None))]
-    fn get_status<'py>(
-        &self,
-        py: Python<'py>,
-        timeout: Option<f64>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    fn get_status(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PsStatus> {
         let timeout = self.timeout(timeout)?;
         let status = wait_for(py, self.inner.get_status(timeout))?;
-        status_dict(py, &status)
+        Ok(PsStatus::from(&status))
     }
 
     #[pyo3(signature = (name, initial_value, *, replace=false, timeout=None))]

@@ -6,21 +6,32 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyList};
 
 use super::blocking::{block_detached, finish_serving, wait_in_slices};
 use super::buffer::{buffer_list, bytes_of, bytes_of_all};
-use super::client::status_dict;
 use super::convert::{duration, server_limits};
-use super::dispatch_convert::latency_dict;
+use super::enums::{ErrorKind, FunctionKind};
+use super::metrics::LatencyHistogram;
+use super::status::WorkerReport;
 use crate::rpc::pb;
 use crate::rpc::server::connections::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION,
 };
-use crate::rpc::wire::codes::{function_kind_name, parse_code, parse_error_kind};
+use crate::rpc::wire::codes::{parse_code, parse_error_kind};
 use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::worker::store::DEFAULT_MAX_FUNCTION_BYTES;
 use crate::worker::{Job, JobReply, JobRequest, Pop, Ran, WorkerConfig, WorkerError, WorkerServer};
+
+/// A `reply_error` kind: an `ErrorKind` (not `CANCELLED`, which no worker reports) or its
+/// spelling.
+fn reported_kind(kind: &Bound<'_, PyAny>) -> PyResult<pb::ErrorKind> {
+    let kind = match kind.extract::<ErrorKind>() {
+        Ok(kind) => kind.spelling().to_owned(),
+        Err(_) => kind.extract::<String>()?,
+    };
+    parse_error_kind(&kind).map_err(PyValueError::new_err)
+}
 
 fn worker_error(error: WorkerError) -> PyErr {
     match error {
@@ -177,12 +188,12 @@ impl PyWorkerServer {
         Ok(idle)
     }
 
-    fn status<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        status_dict(py, &self.inner.status())
+    fn status(&self) -> WorkerReport {
+        WorkerReport::from(&self.inner.status())
     }
 
-    fn execution_seconds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        latency_dict(py, &self.inner.execution_times())
+    fn execution_seconds(&self) -> LatencyHistogram {
+        LatencyHistogram::from(&self.inner.execution_times())
     }
 
     fn __repr__(&self) -> String {
@@ -282,8 +293,9 @@ impl PyWorkerJob {
     }
 
     #[getter]
-    fn function_kind(&self) -> Option<&'static str> {
-        self.function().map(|f| function_kind_name(f.kind))
+    fn function_kind(&self) -> Option<FunctionKind> {
+        self.function()
+            .and_then(|f| FunctionKind::from_proto(f.kind))
     }
 
     #[getter]
@@ -351,7 +363,7 @@ impl PyWorkerJob {
     #[allow(clippy::too_many_arguments, clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     fn reply_error(
         &self,
-        kind: &str,
+        kind: &Bound<'_, PyAny>,
         type_name: String,
         module: String,
         message: String,
@@ -362,9 +374,7 @@ impl PyWorkerJob {
         ps_task: Option<i64>,
     ) -> PyResult<()> {
         let error = pb::ClosureError {
-            kind: parse_error_kind(kind)
-                .map_err(PyValueError::new_err)?
-                .into(),
+            kind: reported_kind(kind)?.into(),
             type_name,
             module,
             message,

@@ -27,7 +27,10 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from jaxcluster._core import PsStatus, WorkerReport
 
 __all__ = ["Row", "add_arguments", "query", "render", "run"]
 
@@ -95,18 +98,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _worker_row(task: str, address: str, s: dict[str, Any]) -> Row:
+def _worker_row(task: str, address: str, s: WorkerReport) -> Row:
     return Row(
         task=task,
         address=address,
-        state=str(s["state"]),
-        closures_run=int(s["closures_run"]),
-        closures_failed=int(s["closures_failed"]),
-        uptime_seconds=float(s["uptime_seconds"]),
-        version=str(s["jaxcluster_version"]),
-        last_error=str(s.get("last_error") or "") or None,
+        state=str(s.state),
+        closures_run=s.closures_run,
+        closures_failed=s.closures_failed,
+        uptime_seconds=s.uptime_seconds,
+        version=s.jaxcluster_version,
+        last_error=s.last_error or None,
         details={
-            k: s.get(k)
+            k: getattr(s, k)
             for k in (
                 "worker_index",
                 "platform",
@@ -122,15 +125,17 @@ def _worker_row(task: str, address: str, s: dict[str, Any]) -> Row:
     )
 
 
-def _ps_row(task: str, address: str, s: dict[str, Any]) -> Row:
+def _ps_row(task: str, address: str, s: PsStatus) -> Row:
+    from jaxcluster._native import core
+
     return Row(
         task=task,
         address=address,
-        state="serving",
-        uptime_seconds=float(s["uptime_seconds"]),
-        version=str(s["jaxcluster_version"]),
+        state=str(core.ServingState.SERVING),
+        uptime_seconds=s.uptime_seconds,
+        version=s.jaxcluster_version,
         details={
-            k: s.get(k)
+            k: getattr(s, k)
             for k in ("ps_index", "variables", "variable_bytes", "updates", "reads", "pid")
         },
     )
@@ -167,8 +172,8 @@ def _ask(job: str | None, index: int | None, address: str, settings: dict[str, A
         except errors.JaxClusterError as exc:
             return _failed_row(name(job or "?"), address, exc)
     try:
-        status = core.PsClient(address, **settings).get_status()
-        return _ps_row(name("ps"), address, status)
+        ps_status = core.PsClient(address, **settings).get_status()
+        return _ps_row(name("ps"), address, ps_status)
     except errors.JaxClusterError as exc:
         return _failed_row(name("ps"), address, exc)
 

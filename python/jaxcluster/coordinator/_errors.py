@@ -2,11 +2,13 @@
 
 A failed or cancelled closure arrives as a ``jaxcluster._core.ClosureError`` (a frozen,
 typed record; see ``_core.pyi``). The Rust binding calls :func:`build_exception` with it
-whenever it must raise a closure's error (the pending error of ``schedule``/``join``/
-``done``), and :class:`~jaxcluster.coordinator.RemoteValue` calls it for its own result, so
-both raise the same thing. Its ``kind`` is ``"user"``, ``"function_load"``, ``"input"``,
-``"infrastructure"`` or ``"cancelled"``; an infrastructure failure's ``type_name`` is the
-:mod:`jaxcluster.errors` class of its gRPC ``code`` (Rust owns that table).
+(``jaxcluster._native`` registers it) whenever it must raise a closure's error (the
+pending error of ``schedule``/``join``/``done``), and
+:class:`~jaxcluster.coordinator.RemoteValue` calls it for its own result, so both raise the
+same thing. Its ``kind`` is an ``ErrorKind``: ``USER``, ``FUNCTION_LOAD``, ``INPUT``,
+``INFRASTRUCTURE`` or ``CANCELLED`` (equal to their spellings, ``"user"``...); an
+infrastructure failure's ``type_name`` is the :mod:`jaxcluster.errors` class of its gRPC
+``code`` (Rust owns that table).
 
 Example::
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from jaxcluster import errors, wire
+from jaxcluster._native import core
 
 __all__ = ["add_note", "build_exception", "rebuild_exception"]
 
@@ -99,15 +102,15 @@ def build_exception(error: Any) -> BaseException:
     :class:`~jaxcluster.errors.CancelledError`. Every message names the worker.
     """
     kind = error.kind
-    if kind == "cancelled":
+    if kind == core.ErrorKind.CANCELLED:
         return errors.CancelledError(error.message)
-    if kind in ("user", "function_load"):
+    if kind in (core.ErrorKind.USER, core.ErrorKind.FUNCTION_LOAD):
         return _ps_failure(rebuild_exception(error), error)
-    if kind == "input":
+    if kind == core.ErrorKind.INPUT:
         wrapped = errors.ClosureInputError(_ps_failure(rebuild_exception(error), error))
         add_note(wrapped, f"The input failed{_where(error)}.")
         return wrapped
-    if kind == "infrastructure":
+    if kind == core.ErrorKind.INFRASTRUCTURE:
         cls = getattr(errors, error.type_name, None)
         if not (isinstance(cls, type) and issubclass(cls, errors.JaxClusterError)):
             cls = errors.InternalError

@@ -13,9 +13,10 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxcluster._auth import auth_token_from_env, warn_if_token_in_clear
+from jaxcluster._native import core
 from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
 from jaxcluster.coordinator._options import (
@@ -38,6 +39,9 @@ from jaxcluster.coordinator.placement import WorkerFacts
 from jaxcluster.coordinator.remote_value import RemoteValue
 from jaxcluster.coordinator.slices import group_slices, slices_argument, slices_resolver
 from jaxcluster.coordinator.structure import map_structure
+
+if TYPE_CHECKING:
+    from jaxcluster._core import PerWorkerResource, WorkerClient, WorkerStatus
 
 __all__ = ["ClusterCoordinator"]
 
@@ -137,7 +141,7 @@ class ClusterCoordinator:
         ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
         ca = ca or ca_from_env()
         self._auth_token, self._tls_ca = token, ca
-        self._clients: dict[int, Any] = {}
+        self._clients: dict[int, WorkerClient] = {}
         if slices is not None:
             self._slices = slices_argument(slices)
             if hosts_per_slice is not None and any(len(g) != hosts_per_slice for g in self._slices):
@@ -339,7 +343,7 @@ class ClusterCoordinator:
         ``completed``/``failed``/``retried``/``failures`` on that worker) and the
         ``latency`` histogram (schedule to result, seconds). All live: read when called,
         no RPC."""
-        return dict(self._dispatcher.metrics())
+        return self._dispatcher.metrics().to_dict()
 
     @property
     def strategy(self) -> Any:
@@ -348,12 +352,18 @@ class ClusterCoordinator:
         return self._strategy
 
     @property
-    def workers(self) -> list[dict[str, Any]]:
-        """One dict per worker, by index: ``address``, ``state`` (``up``, ``recovering``,
-        ``given_up``, or ``removed`` after :meth:`remove_workers`), ``last_error``, this
-        coordinator's counts on it, and what the worker reports about itself
-        (``closures_run``, ``closures_failed``,
+    def workers(self) -> list[WorkerStatus]:
+        """One typed ``WorkerStatus`` per worker, by index: ``address``, ``state`` (a
+        ``WorkerState``, equal to its spelling: ``up``, ``recovering``, ``given_up``, or
+        ``removed`` after :meth:`remove_workers`), ``last_error``, this coordinator's counts
+        on it, and ``report``, what the worker reports about itself (``closures_run``,
         ``uptime_seconds``, ``jaxcluster_version``, ``platform``, ``incarnation``, ...).
+        ``status["key"]``, ``status.get("key")`` and ``status.to_dict()`` read it as the
+        dict it used to be.
+
+        Example::
+
+            serving = [w.address for w in coordinator.workers if w.state == "up"]
 
         Live: every worker that is up is asked for a fresh report first, all at once, each
         for at most one second (one small RPC per worker per read; nothing polls the
@@ -440,13 +450,13 @@ class ClusterCoordinator:
                 )
                 self._registered.add(function.function_hash)
 
-    def _create_resource(self, fn: Callable[[], Any], rebuild: bool = True) -> Any:
+    def _create_resource(self, fn: Callable[[], Any], rebuild: bool = True) -> PerWorkerResource:
         self._check_open()
         function = self._functions.serialize(fn, (), {})
         self._register(function, fn)
         return self._dispatcher.create_resource(function.function_hash, rebuild=rebuild)
 
-    def _worker_client(self, worker: int) -> Any:
+    def _worker_client(self, worker: int) -> WorkerClient:
         """A direct client of one worker (for reads of its per-worker state), made once."""
         client = self._clients.get(worker)
         if client is None:
@@ -475,11 +485,10 @@ class ClusterCoordinator:
         if self._closed:
             return "the coordinator was shut down"
         workers = self._dispatcher.worker_statuses()
-        up = [w for w in workers if w["state"] == "up"]
-        down = [w for w in workers if w["state"] != "up"]
+        up = [w for w in workers if w.state == core.WorkerState.UP]
+        down = [w for w in workers if w.state != core.WorkerState.UP]
         troubles = "; ".join(
-            f"worker {w['address']} {w['state']}"
-            + (f": {w['last_error']}" if w.get("last_error") else "")
+            f"worker {w.address} {w.state}" + (f": {w.last_error}" if w.last_error else "")
             for w in down[:4]
         ) + (f"; and {len(down) - 4} more" if len(down) > 4 else "")
         if not up:

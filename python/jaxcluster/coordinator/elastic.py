@@ -146,10 +146,12 @@ class Membership:
 
     def given_up(self) -> list[str]:
         """Addresses of the workers (not removed) whose link gave up reconnecting."""
+        from jaxcluster._native import core
+
         return [
-            status["address"]
+            status.address
             for status in self._dispatcher.worker_statuses()
-            if status["state"] == "given_up"
+            if status.state == core.WorkerState.GIVEN_UP
         ]
 
     def answers(self, address: str, timeout: float = 5.0) -> bool:
@@ -166,7 +168,7 @@ class Membership:
                 connect_timeout=timeout,
                 tls_ca=self._tls_ca,
             )
-            return client.get_status(timeout=timeout)["state"] == "serving"
+            return client.get_status(timeout=timeout).state == core.ServingState.SERVING
         except (errors.JaxClusterError, ValueError, OSError):
             return False
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxcluster import _source_code, wire
+from jaxcluster._native import core
 
 __all__ = [
     "KIND_CLOUDPICKLE",
@@ -48,8 +49,8 @@ __all__ = [
 
 #: Function kinds, as the protocol names them (``Dispatcher.register_function``,
 #: ``WorkerClient.register_function``, ``WorkerJob.function_kind``).
-KIND_CLOUDPICKLE = "cloudpickle"
-KIND_JAX_EXPORT = "jax_export"
+KIND_CLOUDPICKLE = core.FunctionKind.CLOUDPICKLE
+KIND_JAX_EXPORT = core.FunctionKind.JAX_EXPORT
 
 _log = logging.getLogger("jaxcluster.coordinator")
 _SCALARS = (bool, int, float, complex)
@@ -67,7 +68,7 @@ class SerializedFunction:
     """
 
     function_hash: bytes
-    kind: str
+    kind: core.FunctionKind
     payload: bytes
     note: str = ""
     devices: int = 1
@@ -76,7 +77,9 @@ class SerializedFunction:
     origin: str = ""
 
     @classmethod
-    def of(cls, kind: str, payload: bytes, note: str = "", **needs: Any) -> SerializedFunction:
+    def of(
+        cls, kind: core.FunctionKind, payload: bytes, note: str = "", **needs: Any
+    ) -> SerializedFunction:
         return cls(wire.content_hash(payload), kind, payload, note, **needs)
 
 

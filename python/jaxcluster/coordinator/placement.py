@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from jaxcluster import errors
+from jaxcluster._native import core
 from jaxcluster.coordinator.functions import KIND_JAX_EXPORT, SerializedFunction
+
+if TYPE_CHECKING:
+    from jaxcluster._core import Dispatcher, WorkerReport
 
 __all__ = ["WorkerFacts"]
 
@@ -34,15 +38,16 @@ _FIRST_REPORT_SECONDS = 10.0
 class WorkerFacts:
     """The workers' platforms and device counts, as the dispatcher last heard them."""
 
-    def __init__(self, dispatcher: Any) -> None:
+    def __init__(self, dispatcher: Dispatcher) -> None:
         self._dispatcher = dispatcher
         self._lock = threading.Lock()
-        self._cached: tuple[float, list[dict[str, Any]]] | None = None
+        self._cached: tuple[float, list[tuple[int, str, WorkerReport]]] | None = None
         self._waited = False  # waits for a first report once, not on every export
 
-    def _reported(self, wait: bool = False) -> list[dict[str, Any]]:
-        """Statuses of the workers that have answered (cached for a few seconds); with
-        ``wait``, waits a little for the first answer when none has come yet."""
+    def _reported(self, wait: bool = False) -> list[tuple[int, str, WorkerReport]]:
+        """Index, address and last report of the workers that have answered (cached for a
+        few seconds); with ``wait``, waits a little for the first answer when none has come
+        yet."""
         now = time.monotonic()
         with self._lock:
             cached = self._cached
@@ -53,9 +58,11 @@ class WorkerFacts:
         pause = threading.Event()
         while True:
             reported = [
-                s
+                (s.index, s.address, s.report)
                 for s in self._dispatcher.worker_statuses()
-                if s.get("platform") and s.get("state") != "removed"
+                if s.report is not None
+                and s.report.platform
+                and s.state != core.WorkerState.REMOVED
             ]
             if reported or time.monotonic() >= deadline:
                 break
@@ -68,7 +75,7 @@ class WorkerFacts:
     def platforms(self) -> tuple[str, ...]:
         """The workers' JAX platforms, for exports (this process's backend while no worker
         has reported yet, after a short wait for the first one)."""
-        known = sorted({str(s["platform"]) for s in self._reported(wait=True)})
+        known = sorted({report.platform for _, _, report in self._reported(wait=True)})
         if not known:
             from jaxcluster.devices import export_platform
 
@@ -80,21 +87,20 @@ class WorkerFacts:
         ``function``: fewer devices than its shardings span, or another platform."""
         if function.kind != KIND_JAX_EXPORT:
             return
-        for status in self._reported():
-            platform = str(status.get("platform"))
-            count = int(status.get("device_count") or 0)
-            address = status.get("address", "?")
-            kind = status.get("device_kind") or platform
+        for index, address, report in self._reported():
+            platform = report.platform
+            count = report.device_count
+            kind = report.device_kind or platform
             if function.platforms and platform not in function.platforms:
                 raise errors.InvalidArgumentError(
                     f"{function.name or 'the function'} was exported for platform(s) "
-                    f"{', '.join(function.platforms)} but worker {status.get('index')} "
+                    f"{', '.join(function.platforms)} but worker {index} "
                     f"({address}) runs on {platform!r}; export for the workers' platform"
                 )
             if count and count < function.devices:
                 raise errors.InvalidArgumentError(
                     f"{function.name or 'the function'} needs {function.devices} devices (its "
                     f"shardings span a mesh of {function.devices}) but worker "
-                    f"{status.get('index')} ({address}) has {count} {kind} device(s); use a "
+                    f"{index} ({address}) has {count} {kind} device(s); use a "
                     f"mesh of at most {count} devices, or workers with more"
                 )

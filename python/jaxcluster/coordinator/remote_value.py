@@ -120,7 +120,10 @@ class RemoteValue:
             result = self._cell.result()
             if isinstance(result, ClosureError):
                 self._error = build_exception(result)
-                if self._origin and result.kind in ("user", "function_load"):
+                if self._origin and result.kind in (
+                    core.ErrorKind.USER,
+                    core.ErrorKind.FUNCTION_LOAD,
+                ):
                     add_note(
                         self._error,
                         "The function ran on the worker as a jax.export of:\n" + self._origin,

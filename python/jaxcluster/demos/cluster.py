@@ -105,7 +105,7 @@ def run_demo(
                 restarter = threading.Thread(target=cluster.restart_worker, args=(victim,))
                 restarter.start()
             if applied % 50 == 0:
-                note = "workers " + " ".join(w["state"] for w in coordinator.workers)
+                note = "workers " + " ".join(str(w.state) for w in coordinator.workers)
             progress.show(applied, loss, note, force=applied == steps)
         seconds = time.monotonic() - started
         progress.close()

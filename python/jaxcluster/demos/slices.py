@@ -148,7 +148,7 @@ def run_slices_demo(
                 cluster.kill_worker(1)  # rank 1 of slice 0: the whole slice fails
                 killed_at = time.monotonic()
             if applied % 25 == 0:
-                note = "slices " + " ".join(w["state"] for w in coordinator.workers)
+                note = "slices " + " ".join(str(w.state) for w in coordinator.workers)
             progress.show(applied, loss, note, force=applied == steps)
         seconds = time.monotonic() - started
         progress.close()
@@ -178,9 +178,10 @@ def wait_serving_again(
     while time.monotonic() < deadline:
         coordinator.fetch([coordinator.schedule(os.getpid) for _ in range(2)])
         worker = coordinator.workers[0]
-        if worker["state"] == "up" and worker["incarnation"] not in (0, before):
+        report = worker.report
+        if worker.state == "up" and report is not None and report.incarnation not in (0, before):
             # Up since in_state_seconds ago: when the re-formed slice answered.
-            return time.monotonic() - worker["in_state_seconds"] - killed_at
+            return time.monotonic() - worker.in_state_seconds - killed_at
         time.sleep(0.05)
     return None
 
@@ -190,4 +191,4 @@ def _incarnation(cluster: Any, index: int) -> int:
     from jaxcluster._native import core
 
     client = core.WorkerClient(cluster.addresses[index], auth_token=cluster.auth_token)
-    return int(client.get_status(timeout=30.0)["incarnation"])
+    return client.get_status(timeout=30.0).incarnation

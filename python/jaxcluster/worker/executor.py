@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxcluster import wire
+from jaxcluster._native import core
 from jaxcluster.worker.context import swap_current_index
 from jaxcluster.worker.failures import describe_exception
 from jaxcluster.worker.functions import FunctionCache, FunctionLoadError
@@ -110,7 +111,7 @@ class Executor:
         finally:
             self.jobs_handled += 1
 
-    def _fail(self, job: Any, kind: str, exc: BaseException, **extra: Any) -> _Answered:
+    def _fail(self, job: Any, kind: core.ErrorKind, exc: BaseException, **extra: Any) -> _Answered:
         job.reply_error(kind, **describe_exception(exc, _INTERNAL), **extra)
         return _Answered()
 
@@ -121,14 +122,16 @@ class Executor:
                 job.function_hash, job.function_kind, lambda: job.function_payload
             )
         except FunctionLoadError as exc:
-            raise self._fail(job, "function_load", exc) from None
+            raise self._fail(job, core.ErrorKind.FUNCTION_LOAD, exc) from None
         pickled = job.args
         if pickled is None:
             return fn, (), {}
         try:
             decoded = wire.decode(pickled, job.buffers, resolve_resource=self._resources.resolve)
         except ResourceInputError as exc:
-            raise self._fail(job, "input", exc.original, resource_id=exc.resource_id) from None
+            raise self._fail(
+                job, core.ErrorKind.INPUT, exc.original, resource_id=exc.resource_id
+            ) from None
         except Exception as exc:
             job.reply_status(
                 "INVALID_ARGUMENT",
@@ -186,7 +189,7 @@ class Executor:
         except _Answered:
             raise
         except Exception as exc:
-            raise self._fail(job, "user", exc) from None
+            raise self._fail(job, core.ErrorKind.USER, exc) from None
         job.reply_ok(encoded.pickle, encoded.buffers)
 
     def _run_sliced(self, job: Any) -> None:
@@ -202,7 +205,7 @@ class Executor:
             # failure (the closure runs again elsewhere), not the closure's. Ask first.
             self._check_slice()
             self._settle(pending, failed=True)
-            raise self._fail(job, "user", exc) from None
+            raise self._fail(job, core.ErrorKind.USER, exc) from None
         peer_error = self._settle(pending)
         if peer_error is not None:
             job.reply_error(**peer_error.reply_kwargs())
@@ -221,7 +224,7 @@ class Executor:
                 self._check_slice()
             self._settle(pending, failed=True)
             self._resources.fail(job.resource_id, exc)
-            raise self._fail(job, "user", exc) from None
+            raise self._fail(job, core.ErrorKind.USER, exc) from None
         self._resources.put(job.resource_id, value)
         peer_error = self._settle(pending)
         if peer_error is not None:

@@ -29,6 +29,7 @@ from functools import partial
 from typing import Any
 
 from jaxcluster import errors
+from jaxcluster._native import core
 from jaxcluster.worker.slice import SliceHost, broken
 
 __all__ = ["Fanout", "PeerError"]
@@ -46,7 +47,8 @@ class PeerError:
     def reply_kwargs(self) -> dict[str, Any]:
         """Arguments for ``WorkerJob.reply_error`` passing the peer's error on."""
         e = self.error
-        kind = e.kind if e.kind in ("user", "input", "function_load") else "infrastructure"
+        passed_on = (core.ErrorKind.USER, core.ErrorKind.INPUT, core.ErrorKind.FUNCTION_LOAD)
+        kind = e.kind if e.kind in passed_on else core.ErrorKind.INFRASTRUCTURE
         return {
             "kind": kind,
             "type_name": e["type_name"],

@@ -7,6 +7,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from jaxcluster._native import core
+
 __all__ = ["FunctionCache", "FunctionLoadError"]
 
 
@@ -130,9 +132,9 @@ def _shardings(exported: Any, devices: list[Any], jax: Any) -> tuple[tuple[Any, 
     return convert(exported.in_shardings_hlo), convert(exported.out_shardings_hlo)
 
 
-_LOADERS: dict[str, Callable[[bytes], Callable[..., Any]]] = {
-    "cloudpickle": _load_cloudpickle,
-    "jax_export": _load_jax_export,
+_LOADERS: dict[core.FunctionKind, Callable[[bytes], Callable[..., Any]]] = {
+    core.FunctionKind.CLOUDPICKLE: _load_cloudpickle,
+    core.FunctionKind.JAX_EXPORT: _load_jax_export,
 }
 
 
@@ -159,7 +161,7 @@ class FunctionCache:
         self._max_bytes = max_bytes
 
     def get(
-        self, function_hash: bytes, kind: str, payload: Callable[[], bytes]
+        self, function_hash: bytes, kind: core.FunctionKind | None, payload: Callable[[], bytes]
     ) -> Callable[..., Any]:
         """The callable for ``function_hash``; ``payload()`` is only read on a miss.
 
@@ -169,10 +171,11 @@ class FunctionCache:
         if found is not None:
             self._functions.move_to_end(function_hash)
             return found[0]
-        loader = _LOADERS.get(kind)
+        loader = None if kind is None else _LOADERS.get(kind)
         if loader is None:
+            known = [str(k) for k in _LOADERS]
             raise FunctionLoadError(
-                f"function kind {kind!r} is not supported; expected one of {sorted(_LOADERS)}"
+                f"function kind {str(kind)!r} is not supported; expected one of {known}"
             )
         data = payload()
         fn = loader(data)

@@ -261,10 +261,10 @@ class SliceWatch:
                     f"slice {self._index}: rank {host.rank} at {host.address} did not answer "
                     f"within {self._timeout:g} s ({type(exc).__name__}: {exc})"
                 )
-            if status["incarnation"] != host.incarnation:
+            if status.incarnation != host.incarnation:
                 return (
                     f"slice {self._index}: rank {host.rank} at {host.address} restarted "
-                    f"(incarnation {host.incarnation:#x} is now {status['incarnation']:#x})"
+                    f"(incarnation {host.incarnation:#x} is now {status.incarnation:#x})"
                 )
         return None
 

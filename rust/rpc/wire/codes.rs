@@ -1,5 +1,6 @@
 //! The names of the protocol's enumerations, one table each: gRPC status codes (with the
-//! `jaxcluster.errors` class each is raised as), function kinds and closure-error kinds.
+//! `jaxcluster.errors` class each is raised as), function kinds, closure-error kinds and
+//! serving states.
 //!
 //! Every other file spells these through here — the Python bindings, the worker's reply
 //! path, the dispatcher's failures and `_core.pyi` — so a name means one thing everywhere:
@@ -144,6 +145,20 @@ pub fn parse_error_kind(name: &str) -> Result<pb::ErrorKind, String> {
             "error kind {other:?} is not known; expected 'user', 'input', 'function_load' or \
              'infrastructure'"
         )),
+    }
+}
+
+/// The kind of a `ClosureError` for a closure cancelled before it ended; the protocol has
+/// no such error kind (a worker never reports one), so it is spelled here beside them.
+pub const CANCELLED_KIND: &str = "cancelled";
+
+/// The name of a worker's serving state, as `GetStatus` reports it: `"serving"`,
+/// `"draining"` (`"unspecified"` for the proto's zero value).
+pub fn serving_state_name(state: pb::ServingState) -> &'static str {
+    match state {
+        pb::ServingState::Unspecified => "unspecified",
+        pb::ServingState::Serving => "serving",
+        pb::ServingState::Draining => "draining",
     }
 }
 
