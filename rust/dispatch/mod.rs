@@ -3,7 +3,8 @@
 //!
 //! # Pieces
 //!
-//! - [`Dispatcher`] owns the queue (`Work` items: closures, untagged; per-worker resource
+//! - [`Dispatcher`] (its `impl` split by concern in `dispatcher/`: the shared state and its
+//!   views, membership, scheduling, per-worker work, metrics) owns the queue (`Work` items: closures, untagged; per-worker resource
 //!   work, tagged with the worker index) and one **link** per worker (the `worker` job's
 //!   addresses, in order: index = worker index).
 //! - A link feeds its worker closures over one `RunClosures` stream. An idle link (nothing

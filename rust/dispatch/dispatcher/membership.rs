@@ -1,0 +1,89 @@
+//! Workers joining and leaving while closures run (`add_workers`, `remove_workers`), and
+//! the worker table as the one place that knows it (addresses, removed, in service).
+
+use tokio::task::JoinHandle;
+
+use super::{await_links, Dispatcher};
+use crate::dispatch::closure::Work;
+use crate::dispatch::status::LinkState;
+use crate::dispatch::transport::WorkerTransport;
+use crate::dispatch::DispatchError;
+use crate::queue::Tag;
+
+impl Dispatcher {
+    /// Adds workers while closures run (elastic clusters): each gets the next index (an
+    /// index is never reused), connects in the background like the first ones, builds
+    /// every live per-worker resource, then takes closures. Returns the new indices.
+    pub fn add_workers<T: WorkerTransport>(
+        &self,
+        transports: Vec<T>,
+    ) -> Result<Vec<usize>, DispatchError> {
+        if self.is_shut_down() {
+            return Err(DispatchError::Stopped);
+        }
+        self.start_links(transports)
+    }
+
+    /// Removes workers `indices` and waits until each has left: a worker's link stops
+    /// taking closures, lets what its worker is running (and has queued) finish and
+    /// collects the results — a worker that is down has already given its closures back —
+    /// releases the worker's per-worker resources, and ends. Nothing is lost: a closure
+    /// whose result does not arrive runs elsewhere. Refused (nothing removed) for an
+    /// unknown or already removed index, or if no worker able to run closures would
+    /// remain.
+    pub fn remove_workers(&self, indices: &[usize]) -> Result<(), DispatchError> {
+        let leaving = {
+            let _membership = self.lock_membership();
+            let links = self.shared.link_statuses();
+            let mut leaving: Vec<usize> = Vec::with_capacity(indices.len());
+            for &index in indices {
+                let Some(link) = links.get(index) else {
+                    return Err(DispatchError::InvalidArgument(format!(
+                        "remove_workers(): there is no worker {index}; the indices are 0 to {}",
+                        links.len().saturating_sub(1)
+                    )));
+                };
+                if link.is_retiring() || link.state() == LinkState::Removed {
+                    return Err(DispatchError::InvalidArgument(format!(
+                        "remove_workers(): worker {index} ({}) was already removed",
+                        link.address()
+                    )));
+                }
+                if !leaving.contains(&index) {
+                    leaving.push(index);
+                }
+            }
+            let remaining = links
+                .iter()
+                .filter(|link| {
+                    !leaving.contains(&link.index())
+                        && !link.is_retiring()
+                        && !link.state().is_out_of_service()
+                })
+                .count();
+            if remaining == 0 {
+                return Err(DispatchError::InvalidArgument(format!(
+                    "remove_workers(): removing workers {leaving:?} would leave no worker able \
+                     to run closures; add workers first (add_workers) or shut the \
+                     coordinator down"
+                )));
+            }
+            for &index in &leaving {
+                links[index].begin_retiring();
+                // Wakes the link if it waits for work; served before any closure.
+                let _ = self.shared.queue.try_put(Work::Retire, Some(index as Tag));
+            }
+            leaving
+        };
+        let tasks: Vec<JoinHandle<()>> = {
+            let mut links = self.lock_links();
+            leaving
+                .iter()
+                .filter_map(|index| links.remove(index))
+                .collect()
+        };
+        await_links(tasks);
+        self.shared.membership_changed();
+        Ok(())
+    }
+}
