@@ -90,6 +90,7 @@ impl Dispatcher {
             infra_retries: 0,
             deaths: Vec::new(),
             context: Arc::clone(&self.shared.cancel),
+            pinned: None,
         })
     }
 

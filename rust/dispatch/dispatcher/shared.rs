@@ -15,6 +15,7 @@ use crate::dispatch::link::balance::Balance;
 use crate::dispatch::metrics::{Counters, Histogram};
 use crate::dispatch::ps_failures::PsFailures;
 use crate::dispatch::resources::ResourceRegistry;
+use crate::dispatch::result_cell::Outcome;
 use crate::dispatch::status::LinkStatus;
 use crate::queue::{ClosureQueue, Tag};
 
@@ -121,6 +122,33 @@ impl Shared {
             limit.as_secs_f64(),
             workers.join("; ")
         ))
+    }
+
+    /// Fails every `schedule_on` closure queued for `worker` with `why` (an `ABORTED`
+    /// infrastructure error: the worker was removed or given up, so it will never run
+    /// them); the worker's other tagged work stays queued, in order. Whoever drains first
+    /// (the link leaving or giving up, or a `schedule_on` that finds it gone after
+    /// queueing) fails them: each closure is taken once.
+    pub fn fail_pinned(&self, worker: usize, why: &str) {
+        let address = self.link(worker).map(|link| link.address().to_owned());
+        let address = address.as_deref().unwrap_or("?");
+        for work in self.queue.take_tagged(worker as Tag) {
+            match work {
+                Work::Closure(closure) if closure.pinned().is_some() => {
+                    let message = format!(
+                        "closure {} for worker {worker} ({address}) did not run: {why}",
+                        closure.id()
+                    );
+                    let failure = ClosureFailure::infra(tonic::Code::Aborted, message, address);
+                    closure.settle(Outcome::Failed(Arc::new(failure)));
+                }
+                other => {
+                    if let Err(refused) = self.queue.try_put(other, Some(worker as Tag)) {
+                        crate::queue::Cancel::cancel(refused.into_inner());
+                    }
+                }
+            }
+        }
     }
 
     /// Asks each worker in `holders` to drop resource `id` (as tagged work, so it is sent
