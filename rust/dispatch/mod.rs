@@ -143,7 +143,7 @@ use std::sync::Arc;
 
 pub use closure::Closure;
 pub use config::{BackoffConfig, DispatcherConfig, ErrorPolicy, StartDelay};
-pub use dispatcher::{Dispatcher, MetricsSnapshot};
+pub use dispatcher::{Dispatcher, MetricsSnapshot, Removal};
 pub use failure::{ClosureFailure, FailureKind};
 pub use functions::{FunctionHash, FunctionKind};
 pub use metrics::LatencySnapshot;

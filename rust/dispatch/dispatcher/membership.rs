@@ -1,6 +1,8 @@
 //! Workers joining and leaving while closures run (`add_workers`, `remove_workers`), and
 //! the worker table as the one place that knows it (addresses, removed, in service).
 
+use std::time::Duration;
+
 use tokio::task::JoinHandle;
 
 use super::{await_links, Dispatcher};
@@ -32,6 +34,16 @@ impl Dispatcher {
     /// unknown or already removed index, or if no worker able to run closures would
     /// remain.
     pub fn remove_workers(&self, indices: &[usize]) -> Result<(), DispatchError> {
+        let removal = self.begin_removal(indices)?;
+        await_links(removal.tasks);
+        Ok(())
+    }
+
+    /// The first half of [`remove_workers`](Self::remove_workers): checks `indices` and
+    /// asks each of those workers to leave, without waiting for them. The links leave on
+    /// their own; the [`Removal`] waits for that in slices (so a binding can check for
+    /// Ctrl-C between them), and dropping it waits no more.
+    pub fn begin_removal(&self, indices: &[usize]) -> Result<Removal, DispatchError> {
         let leaving = {
             let _membership = self.lock_membership();
             let links = self.shared.link_statuses();
@@ -82,8 +94,75 @@ impl Dispatcher {
                 .filter_map(|index| links.remove(index))
                 .collect()
         };
-        await_links(tasks);
-        self.shared.membership_changed();
-        Ok(())
+        Ok(Removal { tasks })
+    }
+
+    /// Every worker's address, by index (removed ones included: indices are never
+    /// reused). The dispatcher is the one owner of this table.
+    pub fn addresses(&self) -> Vec<String> {
+        self.shared
+            .link_statuses()
+            .iter()
+            .map(|link| link.address().to_owned())
+            .collect()
+    }
+
+    /// Whether worker `index` was removed (or is leaving: `remove_workers` began).
+    /// `false` for an index out of range.
+    pub fn is_removed(&self, index: usize) -> bool {
+        self.shared
+            .link(index)
+            .is_some_and(|link| link.is_retiring() || link.state() == LinkState::Removed)
+    }
+
+    /// `(address, index)` of every worker not removed, by index; given-up workers
+    /// included (they are still the cluster's until removed).
+    pub fn active(&self) -> Vec<(String, usize)> {
+        self.shared
+            .link_statuses()
+            .iter()
+            .filter(|link| !link.is_retiring() && link.state() != LinkState::Removed)
+            .map(|link| (link.address().to_owned(), link.index()))
+            .collect()
+    }
+
+    /// Addresses of the workers whose link gave up reconnecting (and not removed).
+    pub fn given_up(&self) -> Vec<String> {
+        self.shared
+            .link_statuses()
+            .iter()
+            .filter(|link| !link.is_retiring() && link.state() == LinkState::GivenUp)
+            .map(|link| link.address().to_owned())
+            .collect()
+    }
+}
+
+/// Workers asked to leave ([`Dispatcher::begin_removal`]), not yet awaited.
+#[derive(Debug)]
+pub struct Removal {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Removal {
+    /// Waits up to `slice` for the leaving links to end; `true` once every one has (a
+    /// link that panicked has ended too). Call from a thread outside the runtime.
+    pub fn wait(&mut self, slice: Duration) -> bool {
+        if self.tasks.is_empty() {
+            return true;
+        }
+        let Ok(runtime) = crate::runtime::runtime() else {
+            return true; // no runtime (a forked child): nothing runs the links any more
+        };
+        let tasks = &mut self.tasks;
+        runtime.block_on(async {
+            let all = async {
+                while let Some(task) = tasks.last_mut() {
+                    let _ = task.await;
+                    tasks.pop();
+                }
+            };
+            let _ = tokio::time::timeout(slice, all).await;
+        });
+        self.tasks.is_empty()
     }
 }

@@ -34,6 +34,7 @@ use super::status::LinkStatus;
 use super::transport::WorkerTransport;
 use super::DispatchError;
 use crate::queue::{ClosureQueue, Tag};
+pub use membership::Removal;
 pub(crate) use shared::Shared;
 pub use views::MetricsSnapshot;
 use views::StatusProbe;

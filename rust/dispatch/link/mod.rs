@@ -234,6 +234,8 @@ impl<T: WorkerTransport> Link<T> {
         }
         self.status.set(LinkState::Removed, None);
         self.shared.balance.remove_link(&self.slot);
+        // Here rather than in `remove_workers`, whose caller may stop waiting early.
+        self.shared.membership_changed();
         tracing::info!(
             target: DISPATCH,
             worker = self.address(),
