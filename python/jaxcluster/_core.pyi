@@ -794,6 +794,10 @@ class Dispatcher:
             cell.wait(timeout=10.0)
         """
 
+    def wait_reported(self, timeout: float | None = None) -> bool:
+        """Waits (GIL released, interruptibly) until some worker not removed has reported
+        its status (platform, devices); ``False`` if ``timeout`` seconds passed first."""
+
     def worker_addresses(self) -> list[str]:
         """Every worker's address, by index (removed workers included)."""
 

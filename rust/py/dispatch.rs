@@ -277,6 +277,12 @@ impl PyDispatcher {
         Ok(PyResultCell { inner })
     }
 
+    #[pyo3(signature = (timeout = None))]
+    fn wait_reported(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = duration(timeout, "wait_reported(): timeout")?;
+        wait_in_slices(py, timeout, |slice| self.inner.wait_reported(slice))
+    }
+
     fn worker_addresses(&self) -> Vec<String> {
         self.inner.addresses()
     }

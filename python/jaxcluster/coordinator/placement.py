@@ -48,18 +48,17 @@ class WorkerFacts:
             cached = self._cached
         if cached is not None and now < cached[0]:
             return cached[1]
-        deadline = now + (_FIRST_REPORT_SECONDS if wait and not self._waited else 0.0)
-        self._waited = self._waited or wait
-        pause = threading.Event()
-        while True:
-            reported = [
-                s
-                for s in self._dispatcher.worker_statuses()
-                if s.get("platform") and s.get("state") != "removed"
-            ]
-            if reported or time.monotonic() >= deadline:
-                break
-            pause.wait(0.05)
+        # A status view that cannot wait (a plain table of statuses) is read as it is.
+        wait_reported = getattr(self._dispatcher, "wait_reported", None)
+        if wait and not self._waited and wait_reported is not None:
+            self._waited = True
+            # Woken by the first report itself (GIL released, Ctrl-C ends it).
+            wait_reported(_FIRST_REPORT_SECONDS)
+        reported = [
+            s
+            for s in self._dispatcher.worker_statuses()
+            if s.get("platform") and s.get("state") != "removed"
+        ]
         if reported:
             with self._lock:
                 self._cached = (time.monotonic() + _TTL_SECONDS, reported)

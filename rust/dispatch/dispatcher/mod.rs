@@ -99,6 +99,7 @@ impl Dispatcher {
             membership: watch::Sender::new(0),
             started: Instant::now(),
             reached: AtomicBool::new(false),
+            reports: watch::Sender::new(0),
         });
         let dispatcher = Self {
             shared,

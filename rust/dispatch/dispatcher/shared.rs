@@ -16,7 +16,7 @@ use crate::dispatch::metrics::{Counters, Histogram};
 use crate::dispatch::ps_failures::PsFailures;
 use crate::dispatch::resources::ResourceRegistry;
 use crate::dispatch::result_cell::Outcome;
-use crate::dispatch::status::LinkStatus;
+use crate::dispatch::status::{LinkState, LinkStatus};
 use crate::queue::{ClosureQueue, Tag};
 
 /// Everything the links and the [`Dispatcher`] share.
@@ -45,6 +45,9 @@ pub(crate) struct Shared {
     pub started: Instant,
     /// Whether any worker has ever answered.
     pub reached: AtomicBool,
+    /// Bumped whenever a worker's `GetStatus` answer is recorded, so a caller can wait for
+    /// the first report (its platform) instead of polling.
+    pub reports: watch::Sender<u64>,
 }
 
 impl Shared {
@@ -78,6 +81,19 @@ impl Shared {
         self.link_statuses()
             .iter()
             .all(|link| link.state().is_out_of_service())
+    }
+
+    /// Records worker `link`'s `GetStatus` answer and wakes whoever waits for a report.
+    pub fn record_status(&self, link: &LinkStatus, status: crate::rpc::pb::GetStatusResponse) {
+        link.record_status(status);
+        self.reports.send_modify(|count| *count += 1);
+    }
+
+    /// Whether a worker not removed has reported its status.
+    pub fn any_reported(&self) -> bool {
+        self.link_statuses()
+            .iter()
+            .any(|link| link.state() != LinkState::Removed && link.status_age().is_some())
     }
 
     /// Tells given-up links that the set of workers in service changed.

@@ -60,6 +60,26 @@ pub struct MetricsSnapshot {
 }
 
 impl Dispatcher {
+    /// Waits up to `slice` until some worker (not removed) has reported its status (its
+    /// platform and devices, from a `GetStatus`); whether one has. Woken by the report
+    /// itself, not by polling. Call from a thread outside the runtime.
+    pub fn wait_reported(&self, slice: Duration) -> bool {
+        if self.shared.any_reported() {
+            return true;
+        }
+        let Ok(runtime) = crate::runtime::runtime() else {
+            return false;
+        };
+        let shared = Arc::clone(&self.shared);
+        let mut reports = self.shared.reports.subscribe();
+        runtime.block_on(async move {
+            let reported = reports.wait_for(|_| shared.any_reported());
+            tokio::time::timeout(slice, reported)
+                .await
+                .is_ok_and(|waited| waited.is_ok())
+        })
+    }
+
     /// Gauges, counters, worker states and the latency histogram, right now.
     pub fn metrics(&self) -> MetricsSnapshot {
         let shared = &self.shared;
@@ -133,7 +153,7 @@ impl Dispatcher {
             while let Some(joined) = calls.join_next().await {
                 if let Ok((index, Ok(status))) = joined {
                     if let Some(link) = shared.link(index) {
-                        link.record_status(status);
+                        shared.record_status(&link, status);
                     }
                     answered += 1;
                 }

@@ -405,7 +405,7 @@ impl<T: WorkerTransport> Link<T> {
         self.incarnation = Some(now);
         self.heartbeats = status.protocol_revision >= 4;
         self.previous_exit.clone_from(&status.previous_exit);
-        self.status.record_status(status);
+        self.shared.record_status(&self.status, status);
         restarted
     }
 
