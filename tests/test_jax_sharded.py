@@ -157,6 +157,10 @@ class _Dispatcher:
     def worker_statuses(self) -> list[Any]:
         return self.statuses
 
+    def wait_reported(self, timeout: float) -> bool:
+        """Whether a worker has reported (the table is fixed: no waiting)."""
+        return any(status.report is not None for status in self.statuses)
+
 
 def _export(devices: int, platforms: tuple[str, ...]) -> SerializedFunction:
     return SerializedFunction(

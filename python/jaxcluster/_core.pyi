@@ -1263,12 +1263,53 @@ class Dispatcher:
         closure, what it runs and has queued finishes (a closure whose result does not
         arrive runs elsewhere), its per-worker resources are released there, and its state
         becomes ``removed``. ``ValueError`` (nothing removed) for an unknown or removed
-        index, or when no worker able to run closures would remain."""
+        index, or when no worker able to run closures would remain. The wait is
+        interruptible (Ctrl-C raises ``KeyboardInterrupt``; the workers still leave)."""
 
     def refresh_statuses(self, max_age: float = 1.0, timeout: float = 1.0) -> int:
         """Asks every ``up`` worker whose last ``GetStatus`` is older than ``max_age``
         seconds for a new one, all at once, each bounded by ``timeout``; returns how many
-        answered. Releases the GIL; not interruptible (bounded by ``timeout``)."""
+        answered. Releases the GIL; interruptible (the probes then end in the background)."""
+
+    # --- one worker: the worker table and work aimed at one worker ---
+
+    def schedule_on(
+        self,
+        worker: int,
+        function_hash: bytes,
+        args: bytes,
+        buffers: Sequence[_BytesLike],
+        resources: Sequence[PerWorkerResource],
+    ) -> ResultCell:
+        """Queues a closure of a registered function for worker ``worker`` alone; returns
+        its cell at once. It runs after what was queued for that worker before (e.g. a
+        per-worker resource's build), is not counted by :meth:`join`/:meth:`done`, and its
+        error cancels nothing. A worker that fails while running it runs it again once it
+        is back (its resources rebuilt first); a worker removed or given up fails it with
+        an ``ABORTED`` error naming the worker. ``InvalidArgumentError`` for an unknown
+        index.
+
+        Example::
+
+            cell = dispatcher.schedule_on(0, read_hash, pickled, [], [resource])
+            cell.wait(timeout=10.0)
+        """
+
+    def wait_reported(self, timeout: float | None = None) -> bool:
+        """Waits (GIL released, interruptibly) until some worker not removed has reported
+        its status (platform, devices); ``False`` if ``timeout`` seconds passed first."""
+
+    def worker_addresses(self) -> list[str]:
+        """Every worker's address, by index (removed workers included)."""
+
+    def is_removed(self, index: int) -> bool:
+        """Whether worker ``index`` was removed (or is being removed)."""
+
+    def active_workers(self) -> list[tuple[str, int]]:
+        """``(address, index)`` of every worker not removed, by index."""
+
+    def given_up_workers(self) -> list[str]:
+        """Addresses of the workers (not removed) whose link gave up reconnecting."""
 
     def shutdown(self) -> None:
         """Stops dispatching: running RPCs are abandoned, queued and running closures are

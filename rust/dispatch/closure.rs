@@ -44,6 +44,11 @@ pub struct Closure {
     /// Deaths of its worker while it ran (see `deaths.rs`); a closure with any runs alone.
     pub(crate) deaths: Vec<Arc<Death>>,
     pub(crate) context: Arc<CancelContext>,
+    /// The worker a closure from `schedule_on` must run on: it travels tagged with that
+    /// worker, is never inflight in the queue (`join`/`done` do not count it, and its
+    /// error never cancels other closures), and goes back to that worker's sub-queue when
+    /// the worker fails under it. `None`: any worker.
+    pub(crate) pinned: Option<usize>,
 }
 
 impl Closure {
@@ -86,6 +91,11 @@ impl Closure {
         }
     }
 
+    /// The worker it must run on (`schedule_on`), if any.
+    pub(crate) fn pinned(&self) -> Option<usize> {
+        self.pinned
+    }
+
     /// Settles the cell; the closure is done.
     pub(crate) fn settle(self, outcome: Outcome) {
         self.cell.settle(outcome);
@@ -101,7 +111,7 @@ impl Cancel for Closure {
              (error_policy='cancel_all'); the first error was raised by schedule(), join() or \
              done()"
         };
-        if self.cell.settle(Outcome::Cancelled(why.to_owned())) {
+        if self.cell.settle(Outcome::Cancelled(why.to_owned())) && self.pinned.is_none() {
             self.context.cancelled.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -112,6 +122,7 @@ impl std::fmt::Debug for Closure {
         f.debug_struct("Closure")
             .field("id", &self.id())
             .field("attempts", &self.attempts)
+            .field("pinned", &self.pinned)
             .field("resources", &self.resources.len())
             .finish_non_exhaustive()
     }

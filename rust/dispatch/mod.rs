@@ -3,7 +3,8 @@
 //!
 //! # Pieces
 //!
-//! - [`Dispatcher`] owns the queue (`Work` items: closures, untagged; per-worker resource
+//! - [`Dispatcher`] (its `impl` split by concern in `dispatcher/`: the shared state and its
+//!   views, membership, scheduling, per-worker work, metrics) owns the queue (`Work` items: closures, untagged; per-worker resource
 //!   work, tagged with the worker index) and one **link** per worker (the `worker` job's
 //!   addresses, in order: index = worker index).
 //! - A link feeds its worker closures over one `RunClosures` stream. An idle link (nothing
@@ -142,7 +143,7 @@ use std::sync::Arc;
 
 pub use closure::Closure;
 pub use config::{BackoffConfig, DispatcherConfig, ErrorPolicy, StartDelay};
-pub use dispatcher::{Dispatcher, MetricsSnapshot};
+pub use dispatcher::{Dispatcher, MetricsSnapshot, Removal};
 pub use failure::{ClosureFailure, FailureKind};
 pub use functions::{FunctionHash, FunctionKind};
 pub use metrics::LatencySnapshot;

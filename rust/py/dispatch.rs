@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
 use super::blocking::{
-    detach_interruptible, in_runtime, interrupted, with_wait_policy, SIGNAL_POLL,
+    detach_interruptible, in_runtime, interrupted, wait_in_slices, with_wait_policy, SIGNAL_POLL,
 };
 use super::buffer::bytes_of_all;
 use super::convert::{duration, to_bytes};
@@ -37,7 +37,8 @@ use crate::rpc::{ClientConfig, WorkerClient};
 /// The Python-facing dispatcher; documented in `_core.pyi`.
 #[pyclass(frozen, module = "jaxcluster._core", name = "Dispatcher")]
 pub struct PyDispatcher {
-    inner: Dispatcher,
+    /// Shared with the helper thread of an interruptible `refresh_statuses`.
+    inner: Arc<Dispatcher>,
     /// How to reach a worker (token, message cap, TLS), for the workers `add_workers`
     /// brings: the same as for the first ones.
     client: ClientConfig,
@@ -113,7 +114,10 @@ impl PyDispatcher {
         client.tls = tls;
         let clients = connect_all(py, &client, &addresses)?;
         let inner = Dispatcher::new(clients, config).map_err(|e| dispatch_error(py, e))?;
-        Ok(Self { inner, client })
+        Ok(Self {
+            inner: Arc::new(inner),
+            client,
+        })
     }
 
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
@@ -126,9 +130,13 @@ impl PyDispatcher {
 
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
     fn remove_workers(&self, py: Python<'_>, indices: Vec<usize>) -> PyResult<()> {
-        // Joins the leaving links' threads, which never need the GIL.
-        py.detach(|| self.inner.remove_workers(&indices))
-            .map_err(|e| dispatch_error(py, e))
+        let mut removal = self
+            .inner
+            .begin_removal(&indices)
+            .map_err(|e| dispatch_error(py, e))?;
+        // Waits for the leaving links (which never need the GIL) interruptibly; a Ctrl-C
+        // stops the wait, not the removal.
+        wait_in_slices(py, None, |slice| removal.wait(slice)).map(|_| ())
     }
 
     #[pyo3(signature = (hash, kind, payload, name = ""))]
@@ -219,7 +227,74 @@ impl PyDispatcher {
     fn refresh_statuses(&self, py: Python<'_>, max_age: f64, timeout: f64) -> PyResult<usize> {
         let max_age = duration(Some(max_age), "refresh_statuses(): max_age")?.unwrap_or_default();
         let timeout = duration(Some(timeout), "refresh_statuses(): timeout")?.unwrap_or_default();
-        Ok(py.detach(|| self.inner.refresh_statuses(max_age, timeout)))
+        // On a helper thread, so this one can check for Ctrl-C while the probes run (each
+        // bounded by `timeout`; an interrupted refresh finishes in the background).
+        let (sender, answered) = std::sync::mpsc::channel();
+        let inner = Arc::clone(&self.inner);
+        std::thread::Builder::new()
+            .name("jaxcluster-refresh-statuses".to_owned())
+            .spawn(move || {
+                let _ = sender.send(inner.refresh_statuses(max_age, timeout));
+            })
+            .map_err(|e| PyRuntimeError::new_err(format!("refresh_statuses(): {e}")))?;
+        let mut count = 0;
+        let slot = &mut count;
+        wait_in_slices(py, None, move |slice| match answered.recv_timeout(slice) {
+            Ok(answered) => {
+                *slot = answered;
+                true
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => false,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => true,
+        })?;
+        Ok(count)
+    }
+
+    // --- one worker: the worker table and work aimed at one worker ---
+
+    #[pyo3(signature = (worker, function_hash, args, buffers, resources))]
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
+    fn schedule_on(
+        &self,
+        py: Python<'_>,
+        worker: usize,
+        function_hash: &[u8],
+        args: PyBackedBytes,
+        buffers: Vec<Bound<'_, PyAny>>,
+        resources: Vec<PyRef<'_, PyPerWorkerResource>>,
+    ) -> PyResult<PyResultCell> {
+        let args = EncodedValue {
+            pickle: to_bytes(args),
+            buffers: bytes_of_all(&buffers, "Dispatcher.schedule_on(): each buffer")?,
+        };
+        let resources: Vec<PerWorkerResource> = resources.iter().map(|r| r.inner.clone()).collect();
+        let inner = self
+            .inner
+            .schedule_on(worker, function_hash, args, &resources)
+            .map_err(|e| dispatch_error(py, e))?;
+        Ok(PyResultCell { inner })
+    }
+
+    #[pyo3(signature = (timeout = None))]
+    fn wait_reported(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = duration(timeout, "wait_reported(): timeout")?;
+        wait_in_slices(py, timeout, |slice| self.inner.wait_reported(slice))
+    }
+
+    fn worker_addresses(&self) -> Vec<String> {
+        self.inner.addresses()
+    }
+
+    fn is_removed(&self, index: usize) -> bool {
+        self.inner.is_removed(index)
+    }
+
+    fn active_workers(&self) -> Vec<(String, usize)> {
+        self.inner.active()
+    }
+
+    fn given_up_workers(&self) -> Vec<String> {
+        self.inner.given_up()
     }
 
     fn shutdown(&self, py: Python<'_>) {

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -19,6 +18,7 @@ from jaxcluster._auth import auth_token_from_env, warn_if_token_in_clear
 from jaxcluster._native import core
 from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
+from jaxcluster.coordinator._host import CoordinatorHost
 from jaxcluster.coordinator._options import (
     _CONNECT_DEFAULT,
     _HEARTBEAT_DEFAULT,
@@ -33,15 +33,15 @@ from jaxcluster.coordinator._options import (
 )
 from jaxcluster.coordinator.device_state import PerWorkerState
 from jaxcluster.coordinator.elastic import Membership, Refresher
-from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunction
-from jaxcluster.coordinator.per_worker import PerWorkerDataset, PerWorkerValues
+from jaxcluster.coordinator.functions import FunctionSerializer
+from jaxcluster.coordinator.per_worker import PerWorkerDataset
 from jaxcluster.coordinator.placement import WorkerFacts
 from jaxcluster.coordinator.remote_value import RemoteValue
 from jaxcluster.coordinator.slices import group_slices, slices_argument, slices_resolver
 from jaxcluster.coordinator.structure import map_structure
 
 if TYPE_CHECKING:
-    from jaxcluster._core import PerWorkerResource, WorkerClient, WorkerStatus
+    from jaxcluster._core import WorkerStatus
 
 __all__ = ["ClusterCoordinator"]
 
@@ -141,7 +141,6 @@ class ClusterCoordinator:
         ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
         ca = ca or ca_from_env()
         self._auth_token, self._tls_ca = token, ca
-        self._clients: dict[int, WorkerClient] = {}
         if slices is not None:
             self._slices = slices_argument(slices)
             if hosts_per_slice is not None and any(len(g) != hosts_per_slice for g in self._slices):
@@ -188,12 +187,17 @@ class ClusterCoordinator:
         # A jax.jit function is traced on the slice (its mesh spans hosts the coordinator
         # cannot export for), so a sliced coordinator pickles it instead.
         self._functions = FunctionSerializer(self._worker_facts.platforms, export=not sliced)
-        self._registered: set[bytes] = set()
-        self._lock = threading.Lock()
         self._closed = False
         # RemoteValues reach back through this for what the dispatcher knows (never
         # keeping the coordinator alive).
         self._ref = weakref.ref(self)
+        ref = self._ref
+        # What per-worker values may use of this coordinator, and no more.
+        self._host = CoordinatorHost(
+            self._dispatcher,
+            self._functions,
+            is_closed=lambda: (coordinator := ref()) is None or coordinator._closed,
+        )
         self._metrics_server: Any = None
         if metrics_port is not None:
             from jaxcluster.metrics import serve_coordinator
@@ -239,8 +243,7 @@ class ClusterCoordinator:
         """
         self._check_open()
         self._check_unsliced("remove_workers")
-        for index in self._membership.remove(workers):
-            self._clients.pop(index, None)
+        self._membership.remove(workers)
 
     # --- scheduling ------------------------------------------------------------------
 
@@ -269,13 +272,13 @@ class ClusterCoordinator:
                 f"schedule(kwargs=...) must be a mapping, got {type(kwargs).__qualname__}"
             )
         if args or kwargs:
-            encoded, resources = _encoding.encode_args(args, kwargs, self._resource_for)
+            encoded, resources = _encoding.encode_args(args, kwargs, self._host.resource_for)
             pickled, buffers = encoded.pickle, encoded.buffers
         else:
             pickled, buffers, resources = b"", [], []
         function = self._functions.serialize(fn, args, kwargs)
         self._worker_facts.check(function)
-        self._register(function, fn)
+        self._host.register(function, fn)
         cell = self._dispatcher.schedule(function.function_hash, pickled, buffers, resources)
         return RemoteValue(cell, self._ref, function.origin)
 
@@ -321,7 +324,7 @@ class ClusterCoordinator:
         is ``ABORTED`` and closures using the state there fail with ``ClosureInputError``).
         """
         self._check_open()
-        return PerWorkerState._create(self, init_fn, on_worker_restart)
+        return PerWorkerState._create(self._host, init_fn, on_worker_restart)
 
     def create_per_worker_dataset(self, dataset_fn: Callable[[], Any]) -> PerWorkerDataset:
         """A dataset built on every worker by ``dataset_fn()`` (any iterable).
@@ -330,7 +333,7 @@ class ClusterCoordinator:
         asynchronously from a fresh ``dataset_fn()`` call on each worker.
         """
         self._check_open()
-        return PerWorkerDataset(self, dataset_fn)
+        return PerWorkerDataset(self._host, dataset_fn)
 
     # --- observation and lifetime -------------------------------------------------------
 
@@ -425,60 +428,11 @@ class ClusterCoordinator:
         state = "shut down" if self._closed else f"{len(active)} workers"
         return f"<ClusterCoordinator {state}: {', '.join(active)}>"
 
-    # --- internals used by per-worker values ---------------------------------------------
-
-    @property
-    def _num_workers(self) -> int:
-        """How many worker indices there are (removed workers included)."""
-        return len(self._membership)
+    # --- internals ------------------------------------------------------------------------
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this ClusterCoordinator has been shut down")
-
-    def _register(self, function: SerializedFunction, fn: Any = None) -> None:
-        if function.function_hash in self._registered:
-            return
-        with self._lock:
-            if function.function_hash not in self._registered:
-                name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "")
-                self._dispatcher.register_function(
-                    function.function_hash,
-                    function.kind,
-                    function.payload,
-                    name if isinstance(name, str) else "",
-                )
-                self._registered.add(function.function_hash)
-
-    def _create_resource(self, fn: Callable[[], Any], rebuild: bool = True) -> PerWorkerResource:
-        self._check_open()
-        function = self._functions.serialize(fn, (), {})
-        self._register(function, fn)
-        return self._dispatcher.create_resource(function.function_hash, rebuild=rebuild)
-
-    def _worker_client(self, worker: int) -> WorkerClient:
-        """A direct client of one worker (for reads of its per-worker state), made once."""
-        client = self._clients.get(worker)
-        if client is None:
-            from jaxcluster._native import core
-
-            if self._membership.is_removed(worker):
-                from jaxcluster import errors
-
-                raise errors.AbortedError(
-                    f"worker {worker} ({self._membership.address(worker)}) was removed "
-                    "(remove_workers); its per-worker values were released"
-                )
-            client = core.WorkerClient(
-                self._membership.address(worker),
-                auth_token=self._auth_token,
-                tls_ca=self._tls_ca,
-            )
-            self._clients[worker] = client
-        return client
-
-    def _resource_for(self, value: PerWorkerValues) -> Any:
-        return value._resource_for(self)
 
     def _waiting_hint(self) -> str:
         """Why a closure may not have ended yet, from what the dispatcher knows."""

@@ -31,17 +31,15 @@ Example::
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from jaxcluster import errors, wire
+from jaxcluster import errors
 from jaxcluster.coordinator.per_worker import PerWorkerValues
 from jaxcluster.coordinator.remote_value import RemoteValueStatus
 
 if TYPE_CHECKING:
-    from jaxcluster.coordinator.cluster_coordinator import ClusterCoordinator
+    from jaxcluster.coordinator._host import PerWorkerHost
 
 __all__ = ["DeviceState", "PerWorkerElement", "PerWorkerState"]
 
@@ -150,12 +148,11 @@ class PerWorkerState(PerWorkerValues):
     """Device-resident state, one pytree per worker; see
     ``ClusterCoordinator.create_per_worker_state``."""
 
-    _coordinator: ClusterCoordinator
-    _rebuild: bool
+    _host: PerWorkerHost
 
     @classmethod
     def _create(
-        cls, coordinator: ClusterCoordinator, init_fn: Callable[[], Any], on_worker_restart: str
+        cls, host: PerWorkerHost, init_fn: Callable[[], Any], on_worker_restart: str
     ) -> PerWorkerState:
         if not callable(init_fn):
             raise TypeError(
@@ -167,20 +164,16 @@ class PerWorkerState(PerWorkerValues):
                 f"on_worker_restart={on_worker_restart!r}; expected 'rebuild' (run init_fn "
                 "again on a restarted worker) or 'lose' (report that worker's state lost)"
             )
-        resource = coordinator._create_resource(
-            _StateInit(init_fn), rebuild=on_worker_restart == "rebuild"
-        )
+        resource = host.create_resource(_StateInit(init_fn), rebuild=on_worker_restart == "rebuild")
         name = getattr(init_fn, "__qualname__", type(init_fn).__qualname__)
-        self = cls._from_resource(resource, coordinator, f"device state from {name}()")
-        self._coordinator = coordinator
-        self._rebuild = on_worker_restart == "rebuild"
-        self._fetch_lock = threading.Lock()
+        self = cls._from_resource(resource, host, f"device state from {name}()")
+        self._host = host
         return self
 
     @property
     def values(self) -> tuple[PerWorkerElement, ...]:
         """One element per worker, in worker-index order."""
-        return tuple(PerWorkerElement(self, i) for i in range(self._coordinator._num_workers))
+        return tuple(PerWorkerElement(self, i) for i in range(self._host.num_workers))
 
     def fetch(self, worker: int | None = None, *, timeout: float | None = None) -> Any:
         """The value of ``worker`` (numpy arrays in the same pytree), or a list of every
@@ -189,78 +182,52 @@ class PerWorkerState(PerWorkerValues):
         asked for that worker alone).
 
         Reads the state as it is when the worker gets to it: call ``join()`` first to see
-        every scheduled closure's effect. Waits while the state is being (re)built there,
-        up to ``timeout`` seconds (``DeadlineExceededError``); raises ``AbortedError`` for
-        a state lost with its worker, or one whose worker restarted since (the coordinator
-        notices a restart when it next sends that worker work, and then rebuilds the state
-        or reports it lost), and the error its ``init_fn`` raised there.
+        every scheduled closure's effect. The read is a closure for that worker alone, queued
+        behind the state's (re)building there, so it waits while the state is being built,
+        up to ``timeout`` seconds (``DeadlineExceededError``); a worker that restarts under
+        it reads the rebuilt state. Raises ``AbortedError`` for a state lost with its worker
+        (``on_worker_restart="lose"``) or a worker removed or given up, and the error its
+        ``init_fn`` raised there.
         """
-        membership = self._coordinator._membership
+        host = self._host
+        workers = host.num_workers
         if worker is None:
             return [
-                None if membership.is_removed(i) else self.fetch(i, timeout=timeout)
-                for i in range(len(membership))
+                None if host.is_removed(i) else self.fetch(i, timeout=timeout)
+                for i in range(workers)
             ]
-        workers = len(membership)
         if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < workers:
             raise IndexError(f"worker={worker!r}; expected an index from 0 to {workers - 1}")
-        if membership.is_removed(worker):
+        if host.is_removed(worker):
             raise errors.AbortedError(
-                f"worker {worker} ({membership.address(worker)}) was removed "
+                f"worker {worker} ({host.address(worker)}) was removed "
                 "(remove_workers); its device state was released"
             )
-        self._wait_built(worker, timeout)
-        from jaxcluster.coordinator.functions import pickle_function
-
-        client = self._coordinator._worker_client(worker)
-        function = pickle_function(_read_state)
-        client.register_function(function.function_hash, function.kind, function.payload)
-        encoded = wire.encode(((wire.ResourceRef(self._resource.resource_id),), {}))
-        reply = client.run_closure(
-            function.function_hash, encoded.pickle, encoded.buffers, timeout=timeout
-        )
-        error = reply["error"]
-        if error is not None:
-            if error.kind == "input" and error.type_name == "NotFoundError":
-                raise errors.AbortedError(self._gone(worker))
-            from jaxcluster.coordinator._errors import build_exception
-
-            raise build_exception(error)
-        return wire.decode(reply["value"], reply["buffers"])
-
-    def _gone(self, worker: int) -> str:
-        """Why worker ``worker`` does not hold the state although it was built there."""
-        then = (
-            "it is built again (init_fn) before the next closure there uses it"
-            if self._rebuild
-            else "it was created with on_worker_restart='lose', so closures that use it there "
-            "fail from now on"
-        )
-        return (
-            f"worker {worker} no longer holds its device state: the worker restarted since it "
-            f"was built; {then}"
-        )
-
-    def _wait_built(self, worker: int, timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = threading.Event()
-        while True:
-            state = self.state(worker)
-            if state in ("ready", "failed"):
-                return
-            if state == "lost":
-                raise errors.AbortedError(
-                    f"the device state of worker {worker} was lost when that worker failed "
-                    "or restarted (on_worker_restart='lose')"
-                )
-            if deadline is not None and time.monotonic() >= deadline:
-                raise errors.DeadlineExceededError(
-                    f"the device state of worker {worker} was not built within "
-                    f"timeout={timeout!r} seconds (state {state!r}); its worker may be "
-                    "down or still running init_fn"
-                )
-            pause.wait(0.02)
+        if self.state(worker) == "lost":
+            raise errors.AbortedError(_lost(worker))
+        read = host.schedule_on(worker, _read_state, (self,))
+        try:
+            return read.fetch(timeout=timeout)
+        except errors.DeadlineExceededError:
+            raise errors.DeadlineExceededError(
+                f"the device state of worker {worker} was not read within timeout={timeout!r} "
+                f"seconds (state {self.state(worker)!r}); its worker may be down or still "
+                "running init_fn"
+            ) from None
+        except errors.ClosureInputError as exc:
+            original = exc.original_exception
+            if isinstance(original, errors.AbortedError) and self.state(worker) == "lost":
+                raise errors.AbortedError(_lost(worker)) from exc
+            # The state failed to build there: the error init_fn raised.
+            raise (original if isinstance(original, BaseException) else exc) from exc
 
     def __repr__(self) -> str:
-        states = [self.state(i) for i in range(self._coordinator._num_workers)]
+        states = [self.state(i) for i in range(self._host.num_workers)]
         return f"<PerWorkerState {self._description}: {states}>"
+
+
+def _lost(worker: int) -> str:
+    return (
+        f"the device state of worker {worker} was lost when that worker failed or restarted "
+        "(on_worker_restart='lose')"
+    )

@@ -34,41 +34,41 @@ _MAX_PROBES = 32
 
 
 class Membership:
-    """The workers of one dispatcher, by index: their addresses and which were removed.
+    """Changes to the workers of one dispatcher (checked, logged, probed), and its views.
 
-    One lock orders every change, so a refresh and a user's call never interleave.
+    The dispatcher is the one owner of the worker table (addresses by index, removed,
+    given up): this class keeps no copy and asks it. One lock orders every change, so a
+    refresh and a user's call never interleave.
+
+    ``addresses`` (the workers the dispatcher started with) is accepted for callers that
+    pass it, and not kept: the dispatcher knows them.
     """
 
     def __init__(
-        self, dispatcher: Any, addresses: Sequence[str], token: str | None, tls_ca: bytes | None
+        self,
+        dispatcher: Any,
+        addresses: Sequence[str] = (),
+        token: str | None = None,
+        tls_ca: bytes | None = None,
     ) -> None:
+        del addresses  # the dispatcher's table is the one copy
         self._dispatcher = dispatcher
-        self._addresses = list(addresses)
-        self._removed: set[int] = set()
         self._token, self._tls_ca = token, tls_ca
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         """How many indices there are (removed workers included)."""
-        return len(self._addresses)
+        return int(self._dispatcher.num_workers)
 
     def address(self, index: int) -> str:
-        return self._addresses[index]
+        return str(self._dispatcher.worker_addresses()[index])
 
     def is_removed(self, index: int) -> bool:
-        return index in self._removed
+        return bool(self._dispatcher.is_removed(index))
 
     def active(self) -> dict[str, int]:
         """Address → index of every worker not removed."""
-        with self._lock:
-            return self._active_locked()
-
-    def _active_locked(self) -> dict[str, int]:
-        return {
-            address: index
-            for index, address in enumerate(self._addresses)
-            if index not in self._removed
-        }
+        return {str(address): int(index) for address, index in self._dispatcher.active_workers()}
 
     def add(self, addresses: Iterable[str]) -> list[int]:
         """Adds workers; returns their indices. See ``ClusterCoordinator.add_workers``."""
@@ -84,7 +84,7 @@ class Membership:
         if len(set(wanted)) != len(wanted):
             raise ValueError(f"add_workers(): an address appears twice in {wanted}")
         with self._lock:
-            active = self._active_locked()
+            active = self.active()
             present = [address for address in wanted if address in active]
             if present:
                 raise ValueError(
@@ -95,7 +95,6 @@ class Membership:
                 return []
             warn_if_token_in_clear(wanted, self._token, self._tls_ca, _log, "workers", 3)
             indices = [int(i) for i in self._dispatcher.add_workers(wanted)]
-            self._addresses.extend(wanted)
         _log.info("added workers %s as indices %s", wanted, indices)
         return indices
 
@@ -105,7 +104,7 @@ class Membership:
         if isinstance(which, (str, int)):
             which = [which]
         with self._lock:
-            active = self._active_locked()
+            active = self.active()
             indices: list[int] = []
             for item in which:
                 if isinstance(item, bool) or not isinstance(item, (str, int)):
@@ -120,14 +119,14 @@ class Membership:
                             f"its workers are {sorted(active)}"
                         )
                     index = active[item]
-                elif not 0 <= item < len(self._addresses):
+                elif not 0 <= item < len(self):
                     raise ValueError(
                         f"remove_workers(): there is no worker {item}; the indices are 0 to "
-                        f"{len(self._addresses) - 1}"
+                        f"{len(self) - 1}"
                     )
-                elif item in self._removed:
+                elif self.is_removed(item):
                     raise ValueError(
-                        f"remove_workers(): worker {item} ({self._addresses[item]}) was "
+                        f"remove_workers(): worker {item} ({self.address(item)}) was "
                         "already removed"
                     )
                 else:
@@ -136,23 +135,14 @@ class Membership:
                     indices.append(index)
             if not indices:
                 return []
-            # Blocks (without the GIL) until each has drained and left.
+            # Blocks (without the GIL, interruptibly) until each has drained and left.
             self._dispatcher.remove_workers(indices)
-            self._removed.update(indices)
-        _log.info(
-            "removed workers %s (%s)", indices, ", ".join(self._addresses[i] for i in indices)
-        )
+        _log.info("removed workers %s (%s)", indices, ", ".join(map(self.address, indices)))
         return indices
 
     def given_up(self) -> list[str]:
         """Addresses of the workers (not removed) whose link gave up reconnecting."""
-        from jaxcluster._native import core
-
-        return [
-            status.address
-            for status in self._dispatcher.worker_statuses()
-            if status.state == core.WorkerState.GIVEN_UP
-        ]
+        return [str(address) for address in self._dispatcher.given_up_workers()]
 
     def answers(self, address: str, timeout: float = 5.0) -> bool:
         """Whether a worker serves at ``address`` now (a ``GetStatus`` with this
@@ -193,15 +183,14 @@ class Membership:
         (the next index; its old index ends ``removed``). Added before the old ones are
         removed, so it works when every worker had been given up. Returns the new indices."""
         with self._lock:
-            active = self._active_locked()
+            active = self.active()
             old = [active[address] for address in addresses if address in active]
             wanted = [address for address in addresses if address in active]
             if not wanted:
                 return []
             indices = [int(i) for i in self._dispatcher.add_workers(wanted)]
-            self._addresses.extend(wanted)  # the address now maps to its new index
+            # The address now maps to its new index, once the old one is removed.
             self._dispatcher.remove_workers(old)
-            self._removed.update(old)
         _log.info(
             "workers %s (%s), given up, join again as workers %s",
             old,

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from jaxcluster.coordinator import _encoding
 
 if TYPE_CHECKING:
-    from jaxcluster.coordinator.cluster_coordinator import ClusterCoordinator
+    from jaxcluster.coordinator._host import PerWorkerHost
 
 __all__ = ["PerWorkerDataset", "PerWorkerIterator", "PerWorkerValue", "PerWorkerValues"]
 
@@ -55,7 +55,7 @@ class PerWorkerValues:
 
     @classmethod
     def _from_resource(
-        cls: type[_Self], resource: Any, owner: ClusterCoordinator, description: str
+        cls: type[_Self], resource: Any, owner: PerWorkerHost, description: str
     ) -> _Self:
         self = cls.__new__(cls)
         self._values = None
@@ -65,24 +65,25 @@ class PerWorkerValues:
         self._description = description
         return self
 
-    def _resource_for(self, coordinator: ClusterCoordinator) -> Any:
-        """The dispatcher resource holding the elements, created on first use."""
+    def _resource_for(self, host: PerWorkerHost) -> Any:
+        """The dispatcher resource holding the elements, created on first use on
+        ``host`` (the coordinator's per-worker interface)."""
         with self._lock:
             if self._resource is None:
                 assert self._values is not None
-                self._check_values(coordinator)
-                self._resource = coordinator._create_resource(_ElementOf(self._values))
-                self._owner = coordinator
-        if self._owner is not coordinator:
+                self._check_values(host)
+                self._resource = host.create_resource(_ElementOf(self._values))
+                self._owner = host
+        if self._owner is not host:
             raise ValueError(
                 f"this PerWorkerValues ({self._description}) belongs to another "
                 "ClusterCoordinator; its elements live on that coordinator's workers"
             )
         return self._resource
 
-    def _check_values(self, coordinator: ClusterCoordinator) -> None:
+    def _check_values(self, host: PerWorkerHost) -> None:
         assert self._values is not None
-        workers = coordinator._num_workers
+        workers = host.num_workers
         if len(self._values) != workers:
             raise ValueError(
                 f"PerWorkerValues has {len(self._values)} values but the coordinator has "
@@ -204,20 +205,20 @@ class PerWorkerDataset:
         coordinator.schedule(lambda it: next(it), args=(it,)).fetch()  # 0
     """
 
-    def __init__(self, coordinator: ClusterCoordinator, dataset_fn: Callable[[], Any]) -> None:
+    def __init__(self, host: PerWorkerHost, dataset_fn: Callable[[], Any]) -> None:
         if not callable(dataset_fn):
             raise TypeError(
                 f"create_per_worker_dataset needs a callable dataset_fn taking no arguments, "
                 f"got {type(dataset_fn).__qualname__}: {dataset_fn!r}"
             )
-        self._coordinator = coordinator
+        self._host = host
         self._factory = _IteratorFactory(dataset_fn)
         self._name = getattr(dataset_fn, "__qualname__", type(dataset_fn).__qualname__)
 
     def __iter__(self) -> PerWorkerIterator:
-        resource = self._coordinator._create_resource(self._factory)
+        resource = self._host.create_resource(self._factory)
         return PerWorkerIterator._from_resource(
-            resource, self._coordinator, f"iterators over {self._name}()"
+            resource, self._host, f"iterators over {self._name}()"
         )
 
     def __repr__(self) -> str:

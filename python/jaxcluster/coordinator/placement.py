@@ -53,20 +53,15 @@ class WorkerFacts:
             cached = self._cached
         if cached is not None and now < cached[0]:
             return cached[1]
-        deadline = now + (_FIRST_REPORT_SECONDS if wait and not self._waited else 0.0)
-        self._waited = self._waited or wait
-        pause = threading.Event()
-        while True:
-            reported = [
-                (s.index, s.address, s.report)
-                for s in self._dispatcher.worker_statuses()
-                if s.report is not None
-                and s.report.platform
-                and s.state != core.WorkerState.REMOVED
-            ]
-            if reported or time.monotonic() >= deadline:
-                break
-            pause.wait(0.05)
+        if wait and not self._waited:
+            self._waited = True
+            # Woken by the first report itself (GIL released, Ctrl-C ends it).
+            self._dispatcher.wait_reported(_FIRST_REPORT_SECONDS)
+        reported = [
+            (s.index, s.address, s.report)
+            for s in self._dispatcher.worker_statuses()
+            if s.report is not None and s.report.platform and s.state != core.WorkerState.REMOVED
+        ]
         if reported:
             with self._lock:
                 self._cached = (time.monotonic() + _TTL_SECONDS, reported)

@@ -233,11 +233,15 @@ impl<T: WorkerTransport> Link<T> {
             let release = self.transport.release_resource(held, Some(RELEASE_TIMEOUT));
             let _ = self.call(release).await;
         }
+        self.shared
+            .fail_pinned(self.index, "the worker was removed (remove_workers)");
         for work in self.shared.queue.take_tagged(self.tag()) {
             crate::queue::Cancel::cancel(work);
         }
         self.status.set(LinkState::Removed, None);
         self.shared.balance.remove_link(&self.slot);
+        // Here rather than in `remove_workers`, whose caller may stop waiting early.
+        self.shared.membership_changed();
         tracing::info!(
             target: DISPATCH,
             worker = self.address(),
@@ -284,7 +288,7 @@ impl<T: WorkerTransport> Link<T> {
     /// Starts one closure on an idle worker (then sends more if the pipelining rule
     /// allows), or settles it if it cannot start.
     async fn run_closure(&mut self, closure: Closure) {
-        if self.shared.balance.failure_pending() {
+        if closure.pinned().is_none() && self.shared.balance.failure_pending() {
             // A closure failed under cancel_all: nothing queued starts until the error is
             // raised. Handing the closure back cancels it (the queue holds the error); in
             // the instant after the error was raised it is simply queued again.
@@ -448,6 +452,15 @@ impl<T: WorkerTransport> Link<T> {
     /// Settles `closure` with its value or error and tells the queue, per the policy.
     fn finish(&self, closure: Closure, result: Result<EncodedValue, ClosureFailure>) {
         let shared = &self.shared;
+        if closure.pinned().is_some() {
+            // Not the queue's (never inflight) and not the user's workload: only its cell
+            // hears of it.
+            closure.settle(match result {
+                Ok(value) => Outcome::Value(value),
+                Err(failure) => Outcome::Failed(Arc::new(failure)),
+            });
+            return;
+        }
         shared.latency.observe(closure.scheduled_at().elapsed());
         // The cell is settled before the queue hears of it, so a join() that returns has
         // every cell ready.
@@ -481,6 +494,9 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Re-queues a closure that started (or may have) and must run again.
     fn put_back(&self, closure: Closure) {
+        if closure.pinned().is_some() {
+            return self.give_back(closure);
+        }
         Counters::bump(&self.shared.counters.retried);
         Counters::bump(&self.status.counters.retried);
         tracing::debug!(
@@ -493,6 +509,24 @@ impl<T: WorkerTransport> Link<T> {
         );
         let verdict = self.shared.queue.put_back(Work::Closure(closure));
         debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
+    }
+
+    /// Hands a closure this link took back where it came from: a global one to the queue
+    /// (it was inflight), a `schedule_on` one to this worker's sub-queue (it runs here or
+    /// nowhere). Refused only once the queue stopped, which cancels it.
+    fn give_back(&self, closure: Closure) {
+        if closure.pinned().is_some() {
+            if let Err(refused) = self
+                .shared
+                .queue
+                .try_put(Work::Closure(closure), Some(self.tag()))
+            {
+                crate::queue::Cancel::cancel(refused.into_inner());
+            }
+            return;
+        }
+        // Refused (and so cancelled) only once the queue stopped.
+        let _ = self.shared.queue.put_back(Work::Closure(closure));
     }
 
     /// Awaits `future` unless the dispatcher stops first: then `None` (the future is

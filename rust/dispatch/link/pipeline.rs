@@ -170,9 +170,7 @@ impl<T: WorkerTransport> Link<T> {
         }
         self.publish(0);
         match self.held.take() {
-            Some(Work::Closure(closure)) => {
-                let _ = self.shared.queue.put_back(Work::Closure(closure));
-            }
+            Some(Work::Closure(closure)) => self.give_back(closure),
             Some(other) => crate::queue::Cancel::cancel(other),
             None => {}
         }

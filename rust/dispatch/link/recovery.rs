@@ -297,7 +297,9 @@ impl<T: WorkerTransport> Link<T> {
         for resource in self.shared.resources.live() {
             resource.worker_failed(self.index, self.address(), &reason);
         }
-        self.status.set(LinkState::GivenUp, Some(reason));
+        self.status.set(LinkState::GivenUp, Some(reason.clone()));
+        self.shared
+            .fail_pinned(self.index, &format!("the worker was given up: {reason}"));
         self.shared.membership_changed();
         if self.shared.all_out_of_service() {
             tracing::error!(
@@ -352,6 +354,18 @@ impl<T: WorkerTransport> Link<T> {
     /// Settles `work` taken while every worker is out of service.
     fn fail_given_up(&mut self, work: Work) {
         match work {
+            // Given up, this worker will never run it.
+            Work::Closure(closure) if closure.pinned().is_some() => {
+                let reason = self.status.last_error().unwrap_or_default();
+                let message = format!(
+                    "closure {} for worker {} ({}) did not run: the worker was given up: {reason}",
+                    closure.id(),
+                    self.index,
+                    self.address(),
+                );
+                let failure = ClosureFailure::infra(tonic::Code::Aborted, message, self.address());
+                self.finish(closure, Err(failure));
+            }
             // A worker joined after this link looked: the closure is for it.
             Work::Closure(closure) if !self.shared.all_out_of_service() => self.requeue(closure),
             Work::Closure(closure) => {
@@ -391,7 +405,7 @@ impl<T: WorkerTransport> Link<T> {
         self.incarnation = Some(now);
         self.heartbeats = status.protocol_revision >= 4;
         self.previous_exit.clone_from(&status.previous_exit);
-        self.status.record_status(status);
+        self.shared.record_status(&self.status, status);
         restarted
     }
 

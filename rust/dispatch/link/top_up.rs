@@ -103,6 +103,11 @@ impl<T: WorkerTransport> Link<T> {
                 break;
             };
             let closure = match work {
+                // Served like resource work, once the pipeline has drained.
+                Work::Closure(closure) if closure.pinned().is_some() => {
+                    self.held = Some(Work::Closure(closure));
+                    break;
+                }
                 Work::Closure(closure) if closure.runs_alone() => {
                     // It runs alone, on an idle worker: leave it to one.
                     self.requeue(closure);
@@ -153,6 +158,9 @@ impl<T: WorkerTransport> Link<T> {
 
     /// Re-queues a closure this link took but did not send (not a retry).
     pub(super) fn requeue(&self, closure: Closure) {
+        if closure.pinned().is_some() {
+            return self.give_back(closure);
+        }
         let verdict = self.shared.queue.put_back(Work::Closure(closure));
         debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
     }

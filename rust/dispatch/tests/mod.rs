@@ -11,6 +11,7 @@ mod ps_failures;
 mod real_worker;
 mod recovery;
 mod resources;
+mod schedule_on;
 mod stress;
 mod timing;
 
