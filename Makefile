@@ -38,11 +38,12 @@ test-rust: ## Rust unit, property and stress tests of the core (no interpreter n
 test-python: ## Python tests against the installed package
 	$(PYTHON) -m pytest -q
 
-lint: ## rustfmt, clippy (pedantic), ruff, stubtest of _core.pyi, zizmor on the workflows
+lint: ## rustfmt, clippy (pedantic), ruff, mypy (every call into _core checked), stubtest of _core.pyi, zizmor
 	cargo fmt --check
 	cargo clippy --all-targets --features python -- -D warnings
 	$(PYTHON) -m ruff check python tests benches examples deploy
 	$(PYTHON) -m ruff format --check python tests benches examples deploy
+	$(PYTHON) -m mypy
 	$(PYTHON) -m mypy.stubtest jaxcluster._core --allowlist .stubtest-allowlist
 	$(ZIZMOR) --offline --quiet .github/workflows
 

@@ -164,6 +164,23 @@ def test_bad_arguments_are_refused(cluster: Any) -> None:
             state.fetch(5)
 
 
+def test_a_state_above_the_message_limit_is_fetched_whole(cluster: Any) -> None:
+    # 80 MiB: above the 64 MiB a single message carries, so the read comes back in chunks
+    # (it went through a private unary call before, which refused anything above the limit:
+    # a 256 MiB state on a GPU worker could not be fetched).
+    elements = 20 * 1024 * 1024
+
+    def init() -> dict[str, Any]:
+        return {"w": jnp.arange(elements, dtype=jnp.float32)}
+
+    with cluster.coordinator() as coordinator:
+        state = coordinator.create_per_worker_state(init)
+        value = state.fetch(1, timeout=120)
+        w = value["w"]
+        assert w.shape == (elements,) and w.dtype == np.float32
+        assert w[0] == 0.0 and w[12345] == 12345.0 and w[-1] == float(elements - 1)
+
+
 def test_device_state_assign_frees_replaced_buffers() -> None:
     state = DeviceState({"a": jnp.ones(4), "b": jnp.zeros(2)})
     old_a, old_b = state.value["a"], state.value["b"]

@@ -19,7 +19,7 @@ def refresh_log_levels() -> None:
 # just long enough to run Python's signal handlers, so Ctrl-C (or any handler that raises)
 # interrupts it with the handler's exception (rust/py/blocking.rs).
 #
-# Names, one spelling each (rust/rpc/codes.rs owns the tables): gRPC status codes by their
+# Names, one spelling each (rust/rpc/wire/codes.rs owns the tables): gRPC status codes by their
 # canonical names ("DEADLINE_EXCEEDED"); function kinds "cloudpickle" | "jax_export";
 # closure-error kinds "user" | "input" | "function_load" | "infrastructure" (and
 # "cancelled" for a ClosureError of a cancelled closure), given to Python as the enums below

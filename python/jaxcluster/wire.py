@@ -48,9 +48,14 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from jaxcluster._source_code import SourcePickler
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer as BufferProtocol
+
+    from jaxcluster._core import Buffer
 
 __all__ = [
     "PICKLE_PROTOCOL",
@@ -161,7 +166,9 @@ def _reduce_jax_array(array: Any) -> Any:
     if dtype.kind in "biufc" and dtype.fields is None and host.flags.c_contiguous and host.size:
         from jaxcluster._native import core
 
-        borrowed = pickle.PickleBuffer(core.Buffer.borrow(host))
+        # A Buffer exports the buffer protocol (PyO3's slot); typeshed's Buffer protocol
+        # wants the `__buffer__` method Python 3.12 adds for such types, so mypy is told.
+        borrowed = pickle.PickleBuffer(cast("BufferProtocol", core.Buffer.borrow(host)))
         return rebuild_array, (borrowed, dtype.str, host.shape)
     return _reduce_ndarray(host)
 
@@ -191,7 +198,7 @@ def _shared(buffer: pickle.PickleBuffer) -> Any:
     return buffer
 
 
-def _is_core_buffer(obj: Any) -> bool:
+def _is_core_buffer(obj: Any) -> TypeGuard[Buffer]:
     core = sys.modules.get("jaxcluster._core")
     return core is not None and type(obj) is core.Buffer
 

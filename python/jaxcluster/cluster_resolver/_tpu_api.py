@@ -101,7 +101,8 @@ class TpuNodeApi:
             )
         self.api_version = api_version
         # TF's discovery client, called as TF calls it; else the REST API (service= a Session).
-        self._client = service if is_discovery_client(service, "projects") else None
+        # TF's googleapiclient discovery client, called as TF calls it (duck-typed).
+        self._client: Any = service if is_discovery_client(service, "projects") else None
         self.api = GoogleAPI(
             "Cloud TPU API",
             root,

@@ -123,11 +123,9 @@ class ClusterCoordinator:
                 "strategy=; got " + ("both" if strategy is not None else "neither")
             )
         _check_options(max_queue_size, error_policy, closure_timeout)
-        bounds = {
-            "max_closure_retries": _retries_bound(max_closure_retries),
-            "heartbeat_timeout": _seconds_bound("heartbeat_timeout", heartbeat_timeout),
-            "connect_timeout": _seconds_bound("connect_timeout", connect_timeout),
-        }
+        retries = _retries_bound(max_closure_retries)
+        heartbeat = _seconds_bound("heartbeat_timeout", heartbeat_timeout)
+        connect = _seconds_bound("connect_timeout", connect_timeout)
         _check_seconds("recovery_timeout", recovery_timeout)
         _check_seconds("refresh_interval", refresh_interval)
         _check_metrics_port(metrics_port)
@@ -177,7 +175,9 @@ class ClusterCoordinator:
             max_queue_size=max_queue_size,
             error_policy=error_policy,  # type: ignore[arg-type]  # checked above
             closure_timeout=None if closure_timeout is None else float(closure_timeout),
-            **bounds,
+            max_closure_retries=retries,
+            heartbeat_timeout=heartbeat,
+            connect_timeout=connect,
             recovery_timeout=None if recovery_timeout is None else float(recovery_timeout),
             # Each link checks its worker is rank 0 of a slice this size (1: no slice).
             slice_sizes=[len(group) for group in self._slices],

@@ -69,10 +69,11 @@ def slice_step(params: dict[str, np.ndarray], batches: Iterator[Any]) -> tuple[A
     rows = NamedSharding(mesh, P("d"))
     gx = jax.make_array_from_process_local_data(rows, x)
     gy = jax.make_array_from_process_local_data(rows, y)
-    gp = {
-        k: jax.make_array_from_callback(v.shape, replicated, lambda idx, v=v: v[idx])
-        for k, v in params.items()
-    }
+
+    def replicate(value: Any) -> Any:
+        return jax.make_array_from_callback(value.shape, replicated, lambda idx: value[idx])
+
+    gp = {k: replicate(v) for k, v in params.items()}
     return _step_fn(gp, gx, gy)
 
 

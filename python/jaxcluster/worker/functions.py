@@ -122,9 +122,11 @@ def _shardings(exported: Any, devices: list[Any], jax: Any) -> tuple[tuple[Any, 
         except TypeError:  # a JAX whose Mesh takes no axis types
             mesh = Mesh(grid, tuple(abstract.axis_names))
         return tuple(exported.in_shardings_jax(mesh)), tuple(exported.out_shardings_jax(mesh))
-    gspmd = getattr(jax.sharding, "GSPMDSharding", None)
+    gspmd: Any = getattr(jax.sharding, "GSPMDSharding", None)
     if gspmd is None:  # pragma: no cover - a JAX without it records named shardings
-        from jax._src.sharding_impls import GSPMDSharding as gspmd
+        from jax._src.sharding_impls import GSPMDSharding
+
+        gspmd = GSPMDSharding
 
     def convert(hlo_shardings: Any) -> tuple[Any, ...]:
         return tuple(None if h is None else gspmd(devices, h) for h in hlo_shardings)
