@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import os
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,14 @@ def test_doctests(name: str) -> None:
     assert tests, f"{name} holds '>>>' but doctest found no example in it"
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     report: list[str] = []
-    for test in tests:
-        runner.run(test, out=report.append)
+    # An example may set variables as a user would (TFConfigClusterResolver's sets
+    # TF_CONFIG): the tests after this one must not see them.
+    environment = dict(os.environ)
+    try:
+        for test in tests:
+            runner.run(test, out=report.append)
+    finally:
+        os.environ.clear()
+        os.environ.update(environment)
     result = runner.summarize(verbose=False)
     assert result.failed == 0, "".join(report)
