@@ -909,6 +909,7 @@ class OptimizerSpec:
     def slots(self) -> list[tuple[str, float]]:
         """The slots the ps keeps beside each variable, with their starting values."""
 
+@final
 class PsClient:
     """A blocking client for one ps task; connects lazily and reconnects by itself (a
     restarted ps is usable as soon as it answers, but starts empty). Safe to share
