@@ -117,9 +117,9 @@ def _pairs(grads: Any, variables: Any) -> list[tuple[Any, ParameterServerVariabl
         import jax
 
         is_var = lambda x: isinstance(x, ParameterServerVariable)  # noqa: E731
-        var_leaves, var_tree = jax.tree.flatten(variables, is_leaf=is_var)
-        grad_leaves = var_tree.flatten_up_to(grads)
-        pairs = list(zip(grad_leaves, var_leaves, strict=True))
+        paired = jax.tree.map(lambda v, g: (g, v), variables, grads, is_leaf=is_var)
+        is_pair = lambda x: isinstance(x, tuple) and len(x) == 2 and is_var(x[1])  # noqa: E731
+        pairs = jax.tree.leaves(paired, is_leaf=is_pair)
     for _, variable in pairs:
         if not isinstance(variable, ParameterServerVariable):
             raise TypeError(
