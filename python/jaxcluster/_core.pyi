@@ -1031,10 +1031,12 @@ class PsClient:
         spec: OptimizerSpec,
         gradient: Any,
         *,
+        gradient_scale: float = 0.0,
         read_value: bool = False,
         timeout: float | None = None,
     ) -> int | np.ndarray:
-        """One optimizer step on ``name`` from ``gradient`` (its dtype and shape), applied
+        """One optimizer step on ``name`` from ``gradient`` (its shape; its dtype, bfloat16,
+        or int8 with ``gradient_scale``: the gradient is ``int8 * gradient_scale``), applied
         atomically on the ps with the slots ``name/slot_prefix/<slot>`` and the step count
         ``name/slot_prefix/iterations`` (created on first use). Returns as :meth:`assign`."""
 

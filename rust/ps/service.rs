@@ -270,6 +270,7 @@ impl PsShared {
                 &request.slot_prefix,
                 &optimizer,
                 &gradient,
+                request.gradient_scale,
                 request.read_value,
             ),
             limit,

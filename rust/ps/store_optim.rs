@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::{StoreError, Updated, Variable, VariableStore};
 use crate::ps::dtype::DType;
-use crate::ps::optim::{Optimizer, ITERATIONS};
+use crate::ps::optim::{compress, Optimizer, ITERATIONS};
 use crate::ps::tensor::TensorView;
 
 /// The name of slot `slot` of variable `name` for optimizer `prefix`.
@@ -76,6 +76,7 @@ impl VariableStore {
         prefix: &str,
         optimizer: &Optimizer,
         gradient: &TensorView<'_>,
+        gradient_scale: f64,
         read_value: bool,
     ) -> Result<Updated, StoreError> {
         if prefix.is_empty() {
@@ -85,7 +86,6 @@ impl VariableStore {
             )));
         }
         let var = self.get(name)?;
-        var.check(name, "apply_update", gradient)?;
         if !Optimizer::supports(var.dtype) {
             return Err(StoreError::Invalid(format!(
                 "apply_update to variable {name:?} ({}): optimizers update float variables \
@@ -93,6 +93,11 @@ impl VariableStore {
                 var.describe()
             )));
         }
+        if gradient.shape != var.shape {
+            var.check(name, "apply_update", gradient)?;
+        }
+        let grad = compress::to_dtype(gradient.data, gradient.dtype, gradient_scale, var.dtype)
+            .map_err(|e| StoreError::Invalid(format!("apply_update to variable {name:?}: {e}")))?;
         let slots = optimizer
             .slots()
             .into_iter()
@@ -116,13 +121,7 @@ impl VariableStore {
             .iter_mut()
             .map(|s| s.data.as_mut_slice())
             .collect();
-        optimizer.apply(
-            var.dtype,
-            done,
-            &mut state.data,
-            gradient.data,
-            &mut slot_bytes,
-        );
+        optimizer.apply(var.dtype, done, &mut state.data, &grad, &mut slot_bytes);
         count.data = (done.saturating_add(1) as i64).to_le_bytes().to_vec();
         count.version += 1;
         for s in &mut slot_states {
@@ -174,10 +173,10 @@ mod tests {
         let one: &'static [u8] = &[0, 0, 128, 63];
         let opt = sgd_momentum();
         store
-            .apply_update("w", "SGD", &opt, &view(one), false)
+            .apply_update("w", "SGD", &opt, &view(one), 0.0, false)
             .unwrap();
         let (version, value) = store
-            .apply_update("w", "SGD", &opt, &view(one), true)
+            .apply_update("w", "SGD", &opt, &view(one), 0.0, true)
             .unwrap();
         assert_eq!(version, 2);
         // trace 1 then 1.5: w = -2.5.
@@ -186,7 +185,7 @@ mod tests {
         let (count, _) = store.read("w/SGD/iterations").unwrap();
         assert_eq!(count.data.as_ref(), 2i64.to_le_bytes());
         assert!(store
-            .apply_update("w", "", &opt, &view(one), false)
+            .apply_update("w", "", &opt, &view(one), 0.0, false)
             .is_err());
     }
 
@@ -212,7 +211,7 @@ mod tests {
                     };
                     for _ in 0..50 {
                         store
-                            .apply_update("w", "SGD", &sgd_momentum(), &g, false)
+                            .apply_update("w", "SGD", &sgd_momentum(), &g, 0.0, false)
                             .unwrap();
                     }
                 })

@@ -336,7 +336,9 @@ impl PyPsClient {
         Self::updated(py, &response, read_value)
     }
 
-    #[pyo3(signature = (name, slot_prefix, spec, gradient, *, read_value=false, timeout=None))]
+    #[pyo3(signature = (
+        name, slot_prefix, spec, gradient, *, gradient_scale=0.0, read_value=false, timeout=None
+    ))]
     #[allow(clippy::too_many_arguments)]
     fn apply_update<'py>(
         &self,
@@ -345,6 +347,7 @@ impl PyPsClient {
         slot_prefix: String,
         spec: &optim::PyOptimizerSpec,
         gradient: &Bound<'py, PyAny>,
+        gradient_scale: f64,
         read_value: bool,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
@@ -356,6 +359,7 @@ impl PyPsClient {
             name,
             slot_prefix,
             read_value,
+            gradient_scale,
         };
         let timeout = self.timeout(timeout)?;
         let response = wait_for(py, self.inner.apply_update(request, timeout))?;

@@ -9,6 +9,7 @@
 
 pub mod adagrad;
 pub mod adam;
+pub mod compress;
 pub mod real;
 pub mod rmsprop;
 pub mod schedule;
