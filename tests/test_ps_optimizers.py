@@ -176,3 +176,40 @@ def test_slots_are_saved_and_restored_with_their_variable(
         updates, state = reference.update(grad, state, params)
         params = np.asarray(optax.apply_updates(params, updates))
     np.testing.assert_allclose(w.read_value(), params, rtol=1e-6, atol=1e-6)
+
+
+def _bytes_written(cluster: LocalCluster) -> int:
+    from jaxcluster._native import core
+
+    total = 0
+    for address in cluster.ps_addresses:
+        client = core.PsClient(address, auth_token=cluster.auth_token)
+        total += int(client.get_status()["bytes_written"])
+    return total
+
+
+@pytest.mark.parametrize("compression", ["bf16", "int8"])
+def test_compressed_gradients_are_widened_on_the_ps(
+    cluster: LocalCluster, compression: str
+) -> None:
+    import ml_dtypes
+
+    with strategy_for(cluster).scope() as strategy:
+        w = strategy.Variable(np.zeros(1024, np.float32), name=f"compressed_{compression}")
+    sgd = opt.SGD(1.0, name=f"c_{compression}")
+    grad = np.random.default_rng(7).normal(size=1024).astype(np.float32)
+    before = _bytes_written(cluster)
+    sgd.apply_gradients([(grad, w)], compression=compression)
+    sent = _bytes_written(cluster) - before
+    if compression == "bf16":
+        expected = -grad.astype(ml_dtypes.bfloat16).astype(np.float32)
+        assert sent == 2 * 1024
+    else:
+        scale = np.abs(grad).max() / 127.0
+        expected = -(np.clip(np.rint(grad / scale), -127, 127) * scale).astype(np.float32)
+        assert sent == 1024
+    np.testing.assert_allclose(w.read_value(), expected, rtol=1e-6, atol=1e-7)
+    # Close to the uncompressed update, within the format's precision.
+    np.testing.assert_allclose(w.read_value(), -grad, atol=np.abs(grad).max() / 100)
+    with pytest.raises(ValueError, match="compression"):
+        sgd.apply_gradients([(grad, w)], compression="fp8")

@@ -128,6 +128,20 @@ def _pairs(grads: Any, variables: Any) -> list[tuple[Any, ParameterServerVariabl
     return pairs
 
 
+def _compress(piece: np.ndarray, compression: str | None) -> tuple[np.ndarray, float]:
+    """``piece`` as sent: unchanged, bfloat16, or int8 with its scale."""
+    if compression == "bf16":
+        import ml_dtypes
+
+        return piece.astype(ml_dtypes.bfloat16), 0.0
+    if compression == "int8":
+        top = float(np.max(np.abs(piece))) if piece.size else 0.0
+        scale = top / 127.0 if top > 0 and np.isfinite(top) else 1.0
+        quantized = np.clip(np.rint(piece.astype(np.float64) / scale), -127, 127)
+        return quantized.astype(np.int8), scale
+    return piece, 0.0
+
+
 class Optimizer:
     """Base of the ps optimizers: ``apply_gradients`` sends each gradient to the ps tasks
     holding its variable, one ``ApplyUpdate`` per shard. Picklable: a closure on a worker
@@ -193,18 +207,34 @@ class Optimizer:
                 count._call(shard, "create_variable", key, np.int64(0), replace=True)
                 strategy._adopt(count)
 
-    def apply_gradients(self, grads_and_vars: Any, variables: Any = None) -> None:
+    def apply_gradients(
+        self, grads_and_vars: Any, variables: Any = None, *, compression: str | None = None
+    ) -> None:
         """Applies one update per variable on its ps tasks.
 
         Either TF's ``apply_gradients([(grad, var), ...])`` or JAX's two matching pytrees,
         ``apply_gradients(grads, variables)``. Each shard's update is atomic with its slots
         and step count; shards and variables are updated one after another.
+        ``compression="bf16"`` sends gradients as bfloat16, ``"int8"`` as int8 with one
+        scale per shard (``max|g| / 127``); the ps widens them back before the update.
+
+        Example: ``opt.apply_gradients(grads, params, compression="bf16")``
         """
+        if compression not in (None, "bf16", "int8"):
+            raise ValueError(f"compression is None, 'bf16' or 'int8'; got {compression!r}")
         for grad, variable in _pairs(grads_and_vars, variables):
             array = variable._coerce(grad, "apply_gradients")
             for shard in variable.shards:
-                piece = variable._piece(array, shard)
-                variable._call(shard, "apply_update", shard.key, self._name, self._spec, piece)
+                piece, scale = _compress(variable._piece(array, shard), compression)
+                variable._call(
+                    shard,
+                    "apply_update",
+                    shard.key,
+                    self._name,
+                    self._spec,
+                    piece,
+                    gradient_scale=scale,
+                )
 
     def iterations(self, variable: ParameterServerVariable) -> int:
         """Updates this optimizer applied to ``variable`` (its first shard)."""
