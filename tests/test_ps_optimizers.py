@@ -213,3 +213,27 @@ def test_compressed_gradients_are_widened_on_the_ps(
     np.testing.assert_allclose(w.read_value(), -grad, atol=np.abs(grad).max() / 100)
     with pytest.raises(ValueError, match="compression"):
         sgd.apply_gradients([(grad, w)], compression="fp8")
+
+
+def test_a_closure_on_a_worker_applies_gradients(cluster: LocalCluster) -> None:
+    from jaxcluster import wire
+    from jaxcluster._native import core
+    from jaxcluster.coordinator import functions
+
+    with strategy_for(cluster).scope() as strategy:
+        w = strategy.Variable(np.zeros(3, np.float32), name="from_worker")
+    sgd = opt.SGD(0.5, momentum=0.5, name="worker_sgd")
+
+    def step() -> int:
+        sgd.apply_gradients([(np.ones(3, np.float32), w)])
+        return sgd.iterations(w)
+
+    client = core.WorkerClient(cluster.addresses[0], auth_token=cluster.auth_token)
+    payload = functions.pickle_function(step)
+    client.register_function(payload.function_hash, payload.kind, payload.payload)
+    encoded = wire.encode(((), {}))
+    reply = client.run_closure(payload.function_hash, encoded.pickle, encoded.buffers, timeout=120)
+    assert reply["error"] is None
+    assert wire.decode(reply["value"], reply["buffers"]) == 1
+    sgd.apply_gradients([(np.ones(3, np.float32), w)])  # and the coordinator continues it
+    np.testing.assert_allclose(w.read_value(), -0.5 - 0.75)
