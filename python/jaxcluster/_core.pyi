@@ -1420,6 +1420,38 @@ class PsServer:
         Idempotent."""
 
 @final
+class OptimizerSpec:
+    """An optimizer's rule (``"sgd"``, ``"adam"``, ``"adamw"``, ``"rmsprop"``,
+    ``"adagrad"``), hyperparameters and learning-rate schedule (``"constant"``,
+    ``"exponential_decay"``, ``"cosine_decay"``, ``"piecewise_constant"``), checked when
+    made. Made by :mod:`jaxcluster.strategy.optimizers`."""
+
+    def __new__(
+        cls,
+        kind_name: str,
+        *,
+        schedule: str = "constant",
+        initial: float = 0.0,
+        decay_steps: int = 0,
+        decay_rate: float = 0.0,
+        staircase: bool = False,
+        alpha: float = 0.0,
+        boundaries: list[int] = ...,
+        values: list[float] = ...,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        beta_1: float = 0.0,
+        beta_2: float = 0.0,
+        epsilon: float = 0.0,
+        weight_decay: float = 0.0,
+        rho: float = 0.0,
+        centered: bool = False,
+        initial_accumulator_value: float = 0.0,
+    ) -> OptimizerSpec: ...
+    def slots(self) -> list[tuple[str, float]]:
+        """The slots the ps keeps beside each variable, with their starting values."""
+
+@final
 class PsClient:
     """A blocking client for one ps task; connects lazily and reconnects by itself (a
     restarted ps is usable as soon as it answers, but starts empty). Safe to share
@@ -1533,6 +1565,22 @@ class PsClient:
         integer scalar or 1-D array, ``updates`` has shape ``[len(indices)] +
         variable.shape[1:]``. An index out of range changes nothing. Returns as
         :meth:`assign`."""
+
+    def apply_update(
+        self,
+        name: str,
+        slot_prefix: str,
+        spec: OptimizerSpec,
+        gradient: Any,
+        *,
+        gradient_scale: float = 0.0,
+        read_value: bool = False,
+        timeout: float | None = None,
+    ) -> int | np.ndarray:
+        """One optimizer step on ``name`` from ``gradient`` (its shape; its dtype, bfloat16,
+        or int8 with ``gradient_scale``: the gradient is ``int8 * gradient_scale``), applied
+        atomically on the ps with the slots ``name/slot_prefix/<slot>`` and the step count
+        ``name/slot_prefix/iterations`` (created on first use). Returns as :meth:`assign`."""
 
     def list_variables(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
         """``[{"name", "dtype", "shape", "version"}]`` sorted by name."""

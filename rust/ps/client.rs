@@ -181,6 +181,23 @@ impl PsClient {
             .await
     }
 
+    /// One optimizer step on the ps (`ApplyUpdate`, protocol revision 5).
+    pub async fn apply_update(
+        &self,
+        request: pb::ApplyUpdateRequest,
+        timeout: Option<Duration>,
+    ) -> Result<pb::UpdateResponse, RpcError> {
+        if self.too_large(&request) {
+            return self.chunked("ApplyUpdate", timeout, &request).await;
+        }
+        let mut c = self.inner.clone();
+        self.callee
+            .call("ApplyUpdate", timeout, request, |r| async move {
+                c.apply_update(r).await
+            })
+            .await
+    }
+
     /// Every variable's name, dtype, shape and version.
     pub async fn list_variables(
         &self,

@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod dtype;
+pub mod optim;
 pub mod service;
 pub mod store;
 pub mod tensor;

@@ -254,6 +254,29 @@ impl PsShared {
         Ok(pb::AssignManyResponse { assigned, created })
     }
 
+    fn apply_update(
+        &self,
+        request: &pb::ApplyUpdateRequest,
+        limit: usize,
+    ) -> Result<pb::UpdateResponse, Status> {
+        let what = format!("the gradient for apply_update to {:?}", request.name);
+        let gradient = self.view(request.gradient.as_ref(), &what)?;
+        let optimizer = super::optim::Optimizer::from_pb(request.optimizer.as_ref())
+            .map_err(|e| self.reject(Status::invalid_argument(e)))?;
+        count(&self.stats.bytes_written, gradient.data.len() as u64);
+        self.updated(
+            self.store.apply_update(
+                &request.name,
+                &request.slot_prefix,
+                &optimizer,
+                &gradient,
+                request.gradient_scale,
+                request.read_value,
+            ),
+            limit,
+        )
+    }
+
     /// A chunked request decoded; a failure is counted as a rejected request.
     fn decoded<M: Message + Default>(&self, encoded: Bytes, what: &str) -> Result<M, Status> {
         chunks::decode(encoded, what).map_err(|s| self.reject(s))
@@ -287,13 +310,17 @@ impl PsShared {
             ),
             "ReadMany" => answer(&self.read_many(&self.decoded(encoded, what)?, any)?, limit),
             "AssignMany" => answer(&self.assign_many(&self.decoded(encoded, what)?)?, limit),
+            "ApplyUpdate" => answer(
+                &self.apply_update(&self.decoded(encoded, what)?, any)?,
+                limit,
+            ),
             other => return Err(self.reject(chunks::unknown_method(other, &CHUNKED_METHODS))),
         })
     }
 }
 
 /// The unary methods `CallChunked` carries (those whose messages can be large).
-const CHUNKED_METHODS: [&str; 8] = [
+const CHUNKED_METHODS: [&str; 9] = [
     "CreateVariable",
     "Read",
     "Assign",
@@ -302,6 +329,7 @@ const CHUNKED_METHODS: [&str; 8] = [
     "ScatterAdd",
     "ReadMany",
     "AssignMany",
+    "ApplyUpdate",
 ];
 
 /// The `jaxcluster.v1.ParameterServer` service.
@@ -412,6 +440,15 @@ impl pb::parameter_server_server::ParameterServer for PsService {
     ) -> Result<Response<pb::DeleteVariablesResponse>, Status> {
         let deleted = self.shared.store.delete(&request.into_inner().names);
         Ok(Response::new(pb::DeleteVariablesResponse { deleted }))
+    }
+
+    async fn apply_update(
+        &self,
+        request: Request<pb::ApplyUpdateRequest>,
+    ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let s = &self.shared;
+        s.apply_update(request.get_ref(), self.limit())
+            .map(Response::new)
     }
 
     type CallChunkedStream = chunks::AnswerStream;

@@ -418,6 +418,10 @@ impl VariableStore {
     }
 }
 
+/// Optimizer steps (`ApplyUpdate`), a child module so that it shares the variables' locks.
+#[path = "store_optim.rs"]
+pub mod optim_apply;
+
 #[cfg(test)]
 #[path = "store_tests.rs"]
 mod tests;

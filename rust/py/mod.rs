@@ -26,6 +26,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log::install();
     m.add_function(wrap_pyfunction!(log::refresh_log_levels, m)?)?;
     m.add_class::<worker::PyWorkerServer>()?;
+    m.add_class::<ps::optim::PyOptimizerSpec>()?;
     m.add_class::<worker::PyWorkerJob>()?;
     m.add_class::<client::PyWorkerClient>()?;
     device::register(m)?;

@@ -6,6 +6,7 @@
 //! `blocking::wait_for`), so many Python threads can update variables at once.
 
 mod arrays;
+pub mod optim;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -307,6 +308,36 @@ impl PyPsClient {
         };
         let timeout = self.timeout(timeout)?;
         let response = wait_for(py, self.inner.scatter_add(request, timeout))?;
+        Self::updated(py, &response, read_value)
+    }
+
+    #[pyo3(signature = (
+        name, slot_prefix, spec, gradient, *, gradient_scale=0.0, read_value=false, timeout=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn apply_update<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        slot_prefix: String,
+        spec: &optim::PyOptimizerSpec,
+        gradient: &Bound<'py, PyAny>,
+        gradient_scale: f64,
+        read_value: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        check_name(&name)?;
+        let what = format!("the gradient for apply_update to {name:?}");
+        let request = pb::ApplyUpdateRequest {
+            gradient: Some(to_tensor(gradient, &what)?),
+            optimizer: Some(spec.spec.clone()),
+            name,
+            slot_prefix,
+            read_value,
+            gradient_scale,
+        };
+        let timeout = self.timeout(timeout)?;
+        let response = wait_for(py, self.inner.apply_update(request, timeout))?;
         Self::updated(py, &response, read_value)
     }
 

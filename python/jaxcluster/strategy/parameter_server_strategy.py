@@ -286,6 +286,12 @@ class ParameterServerStrategy:
             raise
         return variable
 
+    def _adopt(self, variable: ParameterServerVariable) -> None:
+        """Saves and restores ``variable`` (made elsewhere, e.g. an optimizer's slot) with
+        this strategy's own; a name already held is kept."""
+        with self._lock:
+            self._variables.setdefault(variable.name, variable)
+
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes every variable to the file ``path``, replacing an earlier checkpoint
         atomically (temporary file, fsync, rename, directory fsync)."""

@@ -1,0 +1,418 @@
+"""Optimizers that run on the parameter servers: a caller sends gradients only, and each
+ps applies the update to its variables atomically, with the optimizer's slots (``m``,
+``v``, ...) and step count kept beside each variable (its ps, its shards).
+
+Arguments and defaults are Keras's; the math is optax's reference implementation (where
+the two differ, e.g. where Adam's ``epsilon`` goes, optax's is used and the class says so).
+The step count is kept per variable shard on its ps (``<key>/<name>/iterations``) and
+incremented under the variable's lock by each update, so schedules and Adam's bias
+correction see exactly the updates that variable had, whatever the concurrency.
+
+Example::
+
+    with strategy.scope():
+        w = strategy.Variable(np.zeros(3, np.float32), name="w")
+    opt = Adam(learning_rate=ExponentialDecay(1e-3, decay_steps=100, decay_rate=0.9))
+    opt.apply_gradients([(np.ones(3, np.float32), w)])      # TF's (grad, var) pairs
+    opt.apply_gradients({"w": grad}, {"w": w})               # or two matching pytrees
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jaxcluster import errors
+from jaxcluster._native import core
+from jaxcluster.strategy.variables import ParameterServerVariable
+
+__all__ = [
+    "SGD",
+    "Adagrad",
+    "Adam",
+    "AdamW",
+    "CosineDecay",
+    "ExponentialDecay",
+    "Optimizer",
+    "PiecewiseConstantDecay",
+    "RMSprop",
+]
+
+
+@dataclass(frozen=True)
+class ExponentialDecay:
+    """``initial_learning_rate * decay_rate ** (step / decay_steps)`` (floored exponent
+    when ``staircase``), evaluated on the ps. Example: ``ExponentialDecay(0.1, 100, 0.5)``."""
+
+    initial_learning_rate: float
+    decay_steps: int
+    decay_rate: float
+    staircase: bool = False
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "schedule": "exponential_decay",
+            "initial": float(self.initial_learning_rate),
+            "decay_steps": int(self.decay_steps),
+            "decay_rate": float(self.decay_rate),
+            "staircase": bool(self.staircase),
+        }
+
+
+@dataclass(frozen=True)
+class CosineDecay:
+    """Cosine decay from ``initial_learning_rate`` to ``alpha`` times it over
+    ``decay_steps``, evaluated on the ps. Example: ``CosineDecay(0.1, 1000, alpha=0.01)``."""
+
+    initial_learning_rate: float
+    decay_steps: int
+    alpha: float = 0.0
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "schedule": "cosine_decay",
+            "initial": float(self.initial_learning_rate),
+            "decay_steps": int(self.decay_steps),
+            "alpha": float(self.alpha),
+        }
+
+
+@dataclass(frozen=True)
+class PiecewiseConstantDecay:
+    """``values[i]`` while ``boundaries[i-1] < step <= boundaries[i]`` (Keras's rule),
+    evaluated on the ps. Example: ``PiecewiseConstantDecay([100, 200], [0.1, 0.01, 0.001])``."""
+
+    boundaries: Sequence[int]
+    values: Sequence[float]
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            "schedule": "piecewise_constant",
+            "boundaries": [int(b) for b in self.boundaries],
+            "values": [float(v) for v in self.values],
+        }
+
+
+Schedule = float | ExponentialDecay | CosineDecay | PiecewiseConstantDecay
+
+
+def _schedule_fields(learning_rate: Schedule) -> dict[str, Any]:
+    if isinstance(learning_rate, (ExponentialDecay, CosineDecay, PiecewiseConstantDecay)):
+        return learning_rate._fields()
+    if callable(learning_rate):
+        raise TypeError(
+            "a learning-rate schedule runs on the ps, so it must be data: a number, "
+            "ExponentialDecay, CosineDecay or PiecewiseConstantDecay; got a callable"
+        )
+    return {"schedule": "constant", "initial": float(learning_rate)}
+
+
+def _pairs(grads: Any, variables: Any) -> list[tuple[Any, ParameterServerVariable]]:
+    if variables is None:
+        pairs = list(grads)
+    else:
+        import jax
+
+        is_var = lambda x: isinstance(x, ParameterServerVariable)  # noqa: E731
+        paired = jax.tree.map(lambda v, g: (g, v), variables, grads, is_leaf=is_var)
+        is_pair = lambda x: isinstance(x, tuple) and len(x) == 2 and is_var(x[1])  # noqa: E731
+        pairs = jax.tree.leaves(paired, is_leaf=is_pair)
+    for _, variable in pairs:
+        if not isinstance(variable, ParameterServerVariable):
+            raise TypeError(
+                f"apply_gradients updates ps variables; got a {type(variable).__name__}"
+            )
+    return pairs
+
+
+def _compress(piece: np.ndarray, compression: str | None) -> tuple[np.ndarray, float]:
+    """``piece`` as sent: unchanged, bfloat16, or int8 with its scale."""
+    if compression == "bf16":
+        import ml_dtypes
+
+        return piece.astype(ml_dtypes.bfloat16), 0.0
+    if compression == "int8":
+        top = float(np.max(np.abs(piece))) if piece.size else 0.0
+        scale = top / 127.0 if top > 0 and np.isfinite(top) else 1.0
+        quantized = np.clip(np.rint(piece.astype(np.float64) / scale), -127, 127)
+        return quantized.astype(np.int8), scale
+    return piece, 0.0
+
+
+class Optimizer:
+    """Base of the ps optimizers: ``apply_gradients`` sends each gradient to the ps tasks
+    holding its variable, one ``ApplyUpdate`` per shard. Picklable: a closure on a worker
+    may capture it and call ``apply_gradients`` there.
+
+    Slots and the step count of a variable are ps variables named
+    ``<shard key>/<name>/<slot>``; ``name`` keeps two optimizers of one variable apart.
+    """
+
+    def __init__(self, spec: core.OptimizerSpec, name: str) -> None:
+        if not name or "/" in name:
+            raise ValueError(f"an optimizer name must be non-empty without '/'; got {name!r}")
+        self._spec = spec
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        """Names this optimizer's slots on the ps."""
+        return self._name
+
+    @property
+    def spec(self) -> core.OptimizerSpec:
+        """The rule, hyperparameters and schedule the ps applies."""
+        return self._spec
+
+    def build(self, variables: Any, strategy: Any) -> None:
+        """Creates the slots and step counts of ``variables`` (a list or pytree) on their ps
+        tasks, zeroed (Adagrad's accumulator at its initial value), and has ``strategy``
+        save and restore them with its variables (``strategy.save``/``restore``). Without
+        ``build`` the ps creates them at the first update, but checkpoints leave them out.
+
+        Example: ``opt.build([w], strategy); strategy.save(path)``
+        """
+        import jax
+
+        is_var = lambda x: isinstance(x, ParameterServerVariable)  # noqa: E731
+        for variable in jax.tree.leaves(variables, is_leaf=is_var):
+            for slot, initial in self._spec.slots():
+                shards = [s._replace(key=f"{s.key}/{self._name}/{slot}") for s in variable.shards]
+                made = ParameterServerVariable(
+                    f"{variable.name}/{self._name}/{slot}",
+                    variable.dtype,
+                    variable.shape,
+                    shards,
+                    auth_token=variable._token,
+                    tls_ca=variable._tls_ca,
+                )
+                full = np.full(variable.shape, initial, dtype=variable.storage_dtype)
+                for shard in shards:
+                    piece = made._piece(full, shard)
+                    made._call(shard, "create_variable", shard.key, piece, replace=True)
+                strategy._adopt(made)
+            for shard in variable.shards:
+                key = f"{shard.key}/{self._name}/iterations"
+                count = ParameterServerVariable(
+                    key,
+                    np.int64,
+                    (),
+                    [shard._replace(key=key, start=0, stop=0)],
+                    auth_token=variable._token,
+                    tls_ca=variable._tls_ca,
+                )
+                count._call(shard, "create_variable", key, np.int64(0), replace=True)
+                strategy._adopt(count)
+
+    def apply_gradients(
+        self, grads_and_vars: Any, variables: Any = None, *, compression: str | None = None
+    ) -> None:
+        """Applies one update per variable on its ps tasks.
+
+        Either TF's ``apply_gradients([(grad, var), ...])`` or JAX's two matching pytrees,
+        ``apply_gradients(grads, variables)``. Each shard's update is atomic with its slots
+        and step count; shards and variables are updated one after another.
+        ``compression="bf16"`` sends gradients as bfloat16, ``"int8"`` as int8 with one
+        scale per shard (``max|g| / 127``); the ps widens them back before the update.
+
+        Example: ``opt.apply_gradients(grads, params, compression="bf16")``
+        """
+        if compression not in (None, "bf16", "int8"):
+            raise ValueError(f"compression is None, 'bf16' or 'int8'; got {compression!r}")
+        for grad, variable in _pairs(grads_and_vars, variables):
+            array = variable._coerce(grad, "apply_gradients")
+            for shard in variable.shards:
+                piece, scale = _compress(variable._piece(array, shard), compression)
+                variable._call(
+                    shard,
+                    "apply_update",
+                    shard.key,
+                    self._name,
+                    self._spec,
+                    piece,
+                    gradient_scale=scale,
+                )
+
+    def iterations(self, variable: ParameterServerVariable) -> int:
+        """Updates this optimizer applied to ``variable`` (its first shard)."""
+        shard = variable.shards[0]
+        key = f"{shard.key}/{self._name}/iterations"
+        try:
+            return int(variable._call(shard, "read", key))
+        except errors.PSUnavailableError as exc:
+            if isinstance(exc.__cause__, errors.NotFoundError):
+                return 0  # never updated (nor built): no count on the ps yet
+            raise
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._kwargs))
+
+    _kwargs: dict[str, Any]
+
+
+def _rebuild(cls: type[Any], kwargs: dict[str, Any]) -> Optimizer:
+    return cls(**kwargs)  # type: ignore[no-any-return]
+
+
+class SGD(Optimizer):
+    """SGD with optional (Nesterov) momentum; optax's ``sgd`` (for a constant rate the same
+    as Keras's velocity form). Slot ``momentum`` when ``momentum > 0``.
+
+    Example: ``SGD(learning_rate=0.1, momentum=0.9).apply_gradients([(g, w)])``
+    """
+
+    def __init__(
+        self,
+        learning_rate: Schedule = 0.01,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        name: str = "SGD",
+    ) -> None:
+        self._kwargs = dict(
+            learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, name=name
+        )
+        spec = core.OptimizerSpec(
+            "sgd", momentum=momentum, nesterov=nesterov, **_schedule_fields(learning_rate)
+        )
+        super().__init__(spec, name)
+
+
+class Adam(Optimizer):
+    """Adam as optax's ``adam``: ``epsilon`` is added to ``sqrt(v_hat)`` (the bias-corrected
+    second moment), where Keras adds it to ``sqrt(v)``. Slots ``m`` and ``v``.
+
+    Example: ``Adam(learning_rate=1e-3).apply_gradients(grads, params)``
+    """
+
+    _kind = "adam"
+
+    def __init__(
+        self,
+        learning_rate: Schedule = 0.001,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        name: str = "Adam",
+    ) -> None:
+        self._kwargs = dict(
+            learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, name=name
+        )
+        spec = core.OptimizerSpec(
+            self._kind,
+            beta_1=beta_1,
+            beta_2=beta_2,
+            epsilon=epsilon,
+            **_schedule_fields(learning_rate),
+        )
+        super().__init__(spec, name)
+
+
+class AdamW(Optimizer):
+    """AdamW as optax's ``adamw``: Adam's direction plus ``weight_decay * param``, scaled by
+    the rate (``epsilon`` placed as in :class:`Adam`). Slots ``m`` and ``v``.
+
+    Example: ``AdamW(learning_rate=1e-3, weight_decay=0.004).apply_gradients([(g, w)])``
+    """
+
+    def __init__(
+        self,
+        learning_rate: Schedule = 0.001,
+        weight_decay: float = 0.004,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-7,
+        name: str = "AdamW",
+    ) -> None:
+        self._kwargs = dict(
+            learning_rate=learning_rate,
+            weight_decay=weight_decay,
+            beta_1=beta_1,
+            beta_2=beta_2,
+            epsilon=epsilon,
+            name=name,
+        )
+        spec = core.OptimizerSpec(
+            "adamw",
+            beta_1=beta_1,
+            beta_2=beta_2,
+            epsilon=epsilon,
+            weight_decay=weight_decay,
+            **_schedule_fields(learning_rate),
+        )
+        super().__init__(spec, name)
+
+
+class RMSprop(Optimizer):
+    """RMSprop as optax's ``rmsprop`` (and Keras's): ``epsilon`` inside the root; centered
+    subtracts the squared mean gradient; momentum traces the scaled update. Slots
+    ``velocity``, ``average_gradient`` (centered), ``momentum`` (momentum > 0).
+
+    Example: ``RMSprop(learning_rate=1e-3, centered=True).apply_gradients([(g, w)])``
+    """
+
+    def __init__(
+        self,
+        learning_rate: Schedule = 0.001,
+        rho: float = 0.9,
+        momentum: float = 0.0,
+        epsilon: float = 1e-7,
+        centered: bool = False,
+        name: str = "RMSprop",
+    ) -> None:
+        self._kwargs = dict(
+            learning_rate=learning_rate,
+            rho=rho,
+            momentum=momentum,
+            epsilon=epsilon,
+            centered=centered,
+            name=name,
+        )
+        spec = core.OptimizerSpec(
+            "rmsprop",
+            rho=rho,
+            momentum=momentum,
+            epsilon=epsilon,
+            centered=centered,
+            **_schedule_fields(learning_rate),
+        )
+        super().__init__(spec, name)
+
+
+class Adagrad(Optimizer):
+    """Adagrad as optax's ``adagrad`` (and Keras's). Slot ``accumulator``, starting at
+    ``initial_accumulator_value``.
+
+    Example: ``Adagrad(learning_rate=0.01).apply_gradients([(g, w)])``
+    """
+
+    def __init__(
+        self,
+        learning_rate: Schedule = 0.001,
+        initial_accumulator_value: float = 0.1,
+        epsilon: float = 1e-7,
+        name: str = "Adagrad",
+    ) -> None:
+        self._kwargs = dict(
+            learning_rate=learning_rate,
+            initial_accumulator_value=initial_accumulator_value,
+            epsilon=epsilon,
+            name=name,
+        )
+        spec = core.OptimizerSpec(
+            "adagrad",
+            initial_accumulator_value=initial_accumulator_value,
+            epsilon=epsilon,
+            **_schedule_fields(learning_rate),
+        )
+        super().__init__(spec, name)
+
+
+def slot_keys(optimizer: Optimizer, variable: ParameterServerVariable) -> Iterable[str]:
+    """The ps keys of ``variable``'s slots and step counts for ``optimizer``."""
+    names = [s for s, _ in optimizer.spec.slots()] + ["iterations"]
+    for shard in variable.shards:
+        for slot in names:
+            yield f"{shard.key}/{optimizer.name}/{slot}"

@@ -1,0 +1,312 @@
+//! Optimizers that run on the parameter server (`ApplyUpdate`): a caller sends a gradient,
+//! the ps updates the variable, its slots and its step count together under the variable's
+//! lock (see `store::VariableStore::apply_update`).
+//!
+//! [`Rule`] is the typed form of `OptimizerSpec`; each rule's math lives in its own module
+//! and follows optax's reference implementation (the docs of each module say where Keras
+//! differs). Float32 and float64 variables are updated in their own precision, float16 and
+//! bfloat16 through float32, as the ps's other arithmetic is.
+
+pub mod adagrad;
+pub mod adam;
+pub mod compress;
+pub mod real;
+pub mod rmsprop;
+pub mod schedule;
+pub mod sgd;
+
+use half::{bf16, f16};
+
+use super::dtype::DType;
+use crate::rpc::pb;
+use real::Real;
+pub use schedule::Schedule;
+
+/// Name of the int64 scalar slot counting the updates a variable had from one optimizer.
+pub const ITERATIONS: &str = "iterations";
+
+/// An update rule with its hyperparameters (Keras's names).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Rule {
+    /// SGD; a `momentum` slot when `momentum > 0`.
+    Sgd {
+        /// Momentum of the gradient trace; 0 for none.
+        momentum: f64,
+        /// Nesterov's look-ahead.
+        nesterov: bool,
+    },
+    /// Adam (`weight_decay == 0`) or `AdamW`.
+    Adam {
+        /// First-moment decay.
+        beta_1: f64,
+        /// Second-moment decay.
+        beta_2: f64,
+        /// Added to the root of the corrected second moment.
+        epsilon: f64,
+        /// Decoupled weight decay (`AdamW`).
+        weight_decay: f64,
+    },
+    /// `RMSprop`.
+    RmsProp {
+        /// Decay of the squared-gradient average.
+        rho: f64,
+        /// Momentum of the update trace; 0 for none.
+        momentum: f64,
+        /// Added inside the root.
+        epsilon: f64,
+        /// Subtract the squared mean gradient.
+        centered: bool,
+    },
+    /// Adagrad.
+    Adagrad {
+        /// Starting value of the accumulator.
+        initial_accumulator_value: f64,
+        /// Added inside the root.
+        epsilon: f64,
+    },
+}
+
+/// A rule and its learning-rate schedule, checked.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Optimizer {
+    /// The update rule.
+    pub rule: Rule,
+    /// The learning rate by step.
+    pub learning_rate: Schedule,
+}
+
+fn schedule_from_pb(spec: Option<&pb::LearningRateSchedule>) -> Result<Schedule, String> {
+    use pb::learning_rate_schedule::Kind;
+    let spec = spec.ok_or("the optimizer has no learning_rate; expected a schedule")?;
+    let schedule = match Kind::try_from(spec.kind).unwrap_or(Kind::Unspecified) {
+        Kind::Constant => Schedule::Constant(spec.initial),
+        Kind::ExponentialDecay => Schedule::ExponentialDecay {
+            initial: spec.initial,
+            decay_steps: spec.decay_steps,
+            decay_rate: spec.decay_rate,
+            staircase: spec.staircase,
+        },
+        Kind::CosineDecay => Schedule::CosineDecay {
+            initial: spec.initial,
+            decay_steps: spec.decay_steps,
+            alpha: spec.alpha,
+        },
+        Kind::PiecewiseConstant => Schedule::PiecewiseConstant {
+            boundaries: spec.boundaries.clone(),
+            values: spec.values.clone(),
+        },
+        Kind::Unspecified => {
+            return Err(format!(
+                "learning-rate schedule kind {} is unknown to this ps; expected constant, \
+                 exponential decay, cosine decay or piecewise constant",
+                spec.kind
+            ))
+        }
+    };
+    schedule.validate()?;
+    Ok(schedule)
+}
+
+impl Optimizer {
+    /// Checks and converts a protocol `OptimizerSpec`.
+    pub fn from_pb(spec: Option<&pb::OptimizerSpec>) -> Result<Self, String> {
+        use pb::optimizer_spec::Kind;
+        let spec = spec.ok_or("the request has no optimizer; expected an OptimizerSpec")?;
+        let rule = match Kind::try_from(spec.kind).unwrap_or(Kind::Unspecified) {
+            Kind::Sgd => Rule::Sgd {
+                momentum: spec.momentum,
+                nesterov: spec.nesterov,
+            },
+            Kind::Adam | Kind::Adamw => Rule::Adam {
+                beta_1: spec.beta_1,
+                beta_2: spec.beta_2,
+                epsilon: spec.epsilon,
+                weight_decay: if spec.kind == Kind::Adamw as i32 {
+                    spec.weight_decay
+                } else {
+                    0.0
+                },
+            },
+            Kind::Rmsprop => Rule::RmsProp {
+                rho: spec.rho,
+                momentum: spec.momentum,
+                epsilon: spec.epsilon,
+                centered: spec.centered,
+            },
+            Kind::Adagrad => Rule::Adagrad {
+                initial_accumulator_value: spec.initial_accumulator_value,
+                epsilon: spec.epsilon,
+            },
+            Kind::Unspecified => {
+                return Err(format!(
+                    "optimizer kind {} is unknown to this ps; expected SGD, Adam, AdamW, \
+                     RMSprop or Adagrad",
+                    spec.kind
+                ))
+            }
+        };
+        if let Rule::Sgd { momentum, .. } | Rule::RmsProp { momentum, .. } = rule {
+            if !(0.0..1.0).contains(&momentum) {
+                return Err(format!(
+                    "the optimizer has momentum {momentum}; expected 0 <= momentum < 1"
+                ));
+            }
+        }
+        Ok(Self {
+            rule,
+            learning_rate: schedule_from_pb(spec.learning_rate.as_ref())?,
+        })
+    }
+
+    /// The slots this optimizer keeps beside a variable, with their starting value, in the
+    /// order [`Optimizer::apply`] takes them (the step count is kept apart).
+    pub fn slots(&self) -> Vec<(&'static str, f64)> {
+        match self.rule {
+            Rule::Sgd { momentum, .. } if momentum > 0.0 => vec![("momentum", 0.0)],
+            Rule::Sgd { .. } => vec![],
+            Rule::Adam { .. } => vec![("m", 0.0), ("v", 0.0)],
+            Rule::RmsProp {
+                momentum, centered, ..
+            } => {
+                let mut slots = vec![("velocity", 0.0)];
+                if centered {
+                    slots.push(("average_gradient", 0.0));
+                }
+                if momentum > 0.0 {
+                    slots.push(("momentum", 0.0));
+                }
+                slots
+            }
+            Rule::Adagrad {
+                initial_accumulator_value,
+                ..
+            } => vec![("accumulator", initial_accumulator_value)],
+        }
+    }
+
+    /// Whether this optimizer can update a variable of `dtype` (floats only).
+    pub fn supports(dtype: DType) -> bool {
+        matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// One step on `param` (raw little-endian bytes of `dtype`) with `grad`, updating
+    /// `slots` (as [`Optimizer::slots`] lists them); `done` is the number of updates this
+    /// optimizer applied to the variable before. The caller checks dtypes and lengths.
+    pub fn apply(
+        &self,
+        dtype: DType,
+        done: u64,
+        param: &mut [u8],
+        grad: &[u8],
+        slots: &mut [&mut [u8]],
+    ) {
+        match dtype {
+            DType::F16 => self.apply_as::<f16, f32>(done, param, grad, slots),
+            DType::BF16 => self.apply_as::<bf16, f32>(done, param, grad, slots),
+            DType::F32 => self.apply_as::<f32, f32>(done, param, grad, slots),
+            DType::F64 => self.apply_as::<f64, f64>(done, param, grad, slots),
+            other => unreachable!("apply_update on {other}: the store checks float dtypes"),
+        }
+    }
+
+    fn apply_as<S: Stored<T>, T: Real>(
+        &self,
+        done: u64,
+        param: &mut [u8],
+        grad: &[u8],
+        slots: &mut [&mut [u8]],
+    ) {
+        let mut p = S::decode(param);
+        let g = S::decode(grad);
+        let mut s: Vec<Vec<T>> = slots.iter().map(|b| S::decode(b)).collect();
+        let lr = T::of(self.learning_rate.at(done));
+        self.rule_step(lr, done, &mut p, &g, &mut s);
+        S::encode(&p, param);
+        for (values, bytes) in s.iter().zip(slots.iter_mut()) {
+            S::encode(values, bytes);
+        }
+    }
+
+    fn rule_step<T: Real>(&self, lr: T, done: u64, p: &mut [T], g: &[T], s: &mut [Vec<T>]) {
+        let mut rest = s.iter_mut().map(Vec::as_mut_slice);
+        let mut next = || rest.next().unwrap_or_default();
+        match self.rule {
+            Rule::Sgd { momentum, nesterov } => {
+                sgd::step(lr, T::of(momentum), nesterov, p, g, next());
+            }
+            Rule::Adam {
+                beta_1,
+                beta_2,
+                epsilon,
+                weight_decay,
+            } => {
+                let h = adam::Hyper {
+                    beta_1: T::of(beta_1),
+                    beta_2: T::of(beta_2),
+                    epsilon: T::of(epsilon),
+                    weight_decay: T::of(weight_decay),
+                };
+                // optax counts in int32 and saturates; so does this.
+                let count = i32::try_from(done.saturating_add(1)).unwrap_or(i32::MAX);
+                let (mu, nu) = (next(), next());
+                adam::step(lr, h, count, p, g, mu, nu);
+            }
+            Rule::RmsProp {
+                rho,
+                momentum,
+                epsilon,
+                centered,
+            } => {
+                let h = rmsprop::Hyper {
+                    rho: T::of(rho),
+                    epsilon: T::of(epsilon),
+                    momentum: T::of(momentum),
+                };
+                let nu = next();
+                let mu = if centered { next() } else { &mut [] };
+                let trace = if momentum > 0.0 { next() } else { &mut [] };
+                rmsprop::step(lr, h, p, g, &mut rmsprop::Slots { nu, mu, trace });
+            }
+            Rule::Adagrad { epsilon, .. } => adagrad::step(lr, T::of(epsilon), p, g, next()),
+        }
+    }
+}
+
+/// How a stored float type converts to and from the type it is computed in.
+trait Stored<T>: Sized {
+    const SIZE: usize;
+    fn decode(bytes: &[u8]) -> Vec<T>;
+    fn encode(values: &[T], out: &mut [u8]);
+}
+
+macro_rules! stored {
+    ($s:ty, $t:ty, $to:expr, $from:expr) => {
+        impl Stored<$t> for $s {
+            const SIZE: usize = std::mem::size_of::<$s>();
+            fn decode(bytes: &[u8]) -> Vec<$t> {
+                bytes
+                    .chunks_exact(Self::SIZE)
+                    .map(|c| {
+                        let mut raw = [0u8; std::mem::size_of::<$s>()];
+                        raw.copy_from_slice(c);
+                        $to(<$s>::from_le_bytes(raw))
+                    })
+                    .collect()
+            }
+            fn encode(values: &[$t], out: &mut [u8]) {
+                for (v, c) in values.iter().zip(out.chunks_exact_mut(Self::SIZE)) {
+                    let s: $s = $from(*v);
+                    c.copy_from_slice(&s.to_le_bytes());
+                }
+            }
+        }
+    };
+}
+
+stored!(f32, f32, |x| x, |x| x);
+stored!(f64, f64, |x| x, |x| x);
+stored!(f16, f32, f16::to_f32, f16::from_f32);
+stored!(bf16, f32, bf16::to_f32, bf16::from_f32);
+
+#[cfg(test)]
+mod tests;

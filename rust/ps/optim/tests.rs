@@ -1,0 +1,154 @@
+//! Dispatch from protocol specs to rules, slots, and dtype round trips.
+#![allow(clippy::float_cmp)] // the values compared are exact in binary
+
+use super::*;
+
+fn spec(kind: pb::optimizer_spec::Kind, lr: f64) -> pb::OptimizerSpec {
+    pb::OptimizerSpec {
+        kind: kind as i32,
+        learning_rate: Some(pb::LearningRateSchedule {
+            kind: pb::learning_rate_schedule::Kind::Constant as i32,
+            initial: lr,
+            ..Default::default()
+        }),
+        beta_1: 0.9,
+        beta_2: 0.999,
+        epsilon: 1e-7,
+        rho: 0.9,
+        ..Default::default()
+    }
+}
+
+fn le32(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn de32(bytes: &[u8]) -> Vec<f32> {
+    f32::decode(bytes)
+}
+
+#[test]
+fn specs_become_rules_with_their_slots() {
+    use pb::optimizer_spec::Kind;
+    let sgd = Optimizer::from_pb(Some(&spec(Kind::Sgd, 0.1))).unwrap();
+    assert!(sgd.slots().is_empty());
+    let mut with_momentum = spec(Kind::Sgd, 0.1);
+    with_momentum.momentum = 0.9;
+    let names = |o: &Optimizer| o.slots().iter().map(|s| s.0).collect::<Vec<_>>();
+    assert_eq!(
+        names(&Optimizer::from_pb(Some(&with_momentum)).unwrap()),
+        ["momentum"]
+    );
+    assert_eq!(
+        names(&Optimizer::from_pb(Some(&spec(Kind::Adam, 0.1))).unwrap()),
+        ["m", "v"]
+    );
+    let mut rms = spec(Kind::Rmsprop, 0.1);
+    rms.centered = true;
+    rms.momentum = 0.5;
+    assert_eq!(
+        names(&Optimizer::from_pb(Some(&rms)).unwrap()),
+        ["velocity", "average_gradient", "momentum"]
+    );
+    let mut ada = spec(Kind::Adagrad, 0.1);
+    ada.initial_accumulator_value = 0.1;
+    assert_eq!(
+        Optimizer::from_pb(Some(&ada)).unwrap().slots(),
+        [("accumulator", 0.1)]
+    );
+    // Adam ignores weight_decay; AdamW keeps it.
+    let mut adam = spec(Kind::Adam, 0.1);
+    adam.weight_decay = 0.5;
+    assert!(matches!(
+        Optimizer::from_pb(Some(&adam)).unwrap().rule,
+        Rule::Adam { weight_decay, .. } if weight_decay == 0.0
+    ));
+    adam.kind = Kind::Adamw as i32;
+    assert!(matches!(
+        Optimizer::from_pb(Some(&adam)).unwrap().rule,
+        Rule::Adam { weight_decay, .. } if weight_decay == 0.5
+    ));
+}
+
+#[test]
+fn bad_specs_are_refused_with_reasons() {
+    use pb::optimizer_spec::Kind;
+    assert!(Optimizer::from_pb(None)
+        .unwrap_err()
+        .contains("no optimizer"));
+    let e = Optimizer::from_pb(Some(&spec(Kind::Unspecified, 0.1))).unwrap_err();
+    assert!(e.contains("unknown"), "{e}");
+    let mut no_rate = spec(Kind::Sgd, 0.1);
+    no_rate.learning_rate = None;
+    assert!(Optimizer::from_pb(Some(&no_rate))
+        .unwrap_err()
+        .contains("learning_rate"));
+    let mut bad = spec(Kind::Sgd, 0.1);
+    bad.momentum = 1.5;
+    assert!(Optimizer::from_pb(Some(&bad))
+        .unwrap_err()
+        .contains("momentum"));
+}
+
+#[test]
+fn float32_bytes_are_updated_in_place() {
+    let opt = Optimizer::from_pb(Some(&spec(pb::optimizer_spec::Kind::Sgd, 0.5))).unwrap();
+    let mut param = le32(&[1.0, 2.0]);
+    opt.apply(DType::F32, 0, &mut param, &le32(&[2.0, -2.0]), &mut []);
+    assert_eq!(de32(&param), [0.0, 3.0]);
+}
+
+#[test]
+fn half_precision_computes_through_float32() {
+    let opt = Optimizer::from_pb(Some(&spec(pb::optimizer_spec::Kind::Adagrad, 1.0))).unwrap();
+    let mut param: Vec<u8> = bf16::from_f32(1.0).to_le_bytes().to_vec();
+    let grad = bf16::from_f32(2.0).to_le_bytes();
+    let mut acc: Vec<u8> = bf16::from_f32(0.0).to_le_bytes().to_vec();
+    opt.apply(DType::BF16, 0, &mut param, &grad, &mut [&mut acc]);
+    let p = bf16::from_le_bytes([param[0], param[1]]).to_f32();
+    assert!((p - 0.0).abs() < 1e-2, "{p}");
+    assert_eq!(bf16::from_le_bytes([acc[0], acc[1]]).to_f32(), 4.0);
+    let mut half: Vec<u8> = f16::from_f32(1.0).to_le_bytes().to_vec();
+    let sgd = Optimizer::from_pb(Some(&spec(pb::optimizer_spec::Kind::Sgd, 0.25))).unwrap();
+    sgd.apply(
+        DType::F16,
+        0,
+        &mut half,
+        &f16::from_f32(2.0).to_le_bytes(),
+        &mut [],
+    );
+    assert_eq!(f16::from_le_bytes([half[0], half[1]]).to_f32(), 0.5);
+}
+
+#[test]
+fn the_schedule_is_read_at_the_count_before_this_update() {
+    let mut s = spec(pb::optimizer_spec::Kind::Sgd, 0.0);
+    s.learning_rate = Some(pb::LearningRateSchedule {
+        kind: pb::learning_rate_schedule::Kind::PiecewiseConstant as i32,
+        boundaries: vec![0],
+        values: vec![1.0, 0.5],
+        ..Default::default()
+    });
+    let opt = Optimizer::from_pb(Some(&s)).unwrap();
+    let mut param = le32(&[0.0]);
+    opt.apply(DType::F32, 0, &mut param, &le32(&[1.0]), &mut []);
+    opt.apply(DType::F32, 1, &mut param, &le32(&[1.0]), &mut []);
+    assert_eq!(de32(&param), [-1.5]);
+}
+
+#[test]
+fn adam_bias_correction_follows_the_count() {
+    let opt = Optimizer::from_pb(Some(&spec(pb::optimizer_spec::Kind::Adam, 0.1))).unwrap();
+    let mut param = le32(&[0.0]);
+    let (mut m, mut v) = (le32(&[0.0]), le32(&[0.0]));
+    opt.apply(
+        DType::F32,
+        0,
+        &mut param,
+        &le32(&[4.0]),
+        &mut [&mut m, &mut v],
+    );
+    // First step: -lr * g / (|g| + eps) with the count 1 bias correction.
+    let p = de32(&param)[0];
+    assert!((p + 0.1).abs() < 1e-6, "{p}");
+}
