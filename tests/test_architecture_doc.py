@@ -28,11 +28,14 @@ def _listed() -> set[str]:
     text = DOC.read_text()
     section = text[text.index("## Every file") :]
     listed = set()
+    folders: set[str] = set()
     folder = None
     for line in section.splitlines():
         heading = re.fullmatch(r"\*\*`([^`]+)/`\*\*", line.strip())
         if heading:
             folder = heading.group(1)
+            assert folder not in folders, f"{folder}/ has two tables in 'Every file'"
+            folders.add(folder)
             continue
         row = re.match(r"\| `([^`]+)` \|", line)
         if row and folder is not None:
@@ -42,5 +45,6 @@ def _listed() -> set[str]:
 
 def test_every_source_file_is_in_the_architecture_table() -> None:
     tree, listed = _tree(), _listed()
-    assert tree - listed == set(), "add these to docs/ARCHITECTURE.md's 'Every file'"
-    assert listed - tree == set(), "these are listed in docs/ARCHITECTURE.md but do not exist"
+    fix = "run `python tests/support/file_table.py` to rewrite docs/ARCHITECTURE.md's table"
+    assert tree - listed == set(), f"not in 'Every file': {fix}"
+    assert listed - tree == set(), f"listed in 'Every file' but gone: {fix}"

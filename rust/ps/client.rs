@@ -187,14 +187,15 @@ impl PsClient {
         request: pb::ApplyUpdateRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::UpdateResponse, RpcError> {
-        if self.too_large(&request) {
-            return self.chunked("ApplyUpdate", timeout, &request).await;
-        }
-        let mut c = self.inner.clone();
         self.callee
-            .call("ApplyUpdate", timeout, request, |r| async move {
-                c.apply_update(r).await
-            })
+            .call_sized(
+                &self.inner,
+                "ApplyUpdate",
+                timeout,
+                request,
+                |mut c, r| async move { c.apply_update(r).await },
+                open_chunked,
+            )
             .await
     }
 

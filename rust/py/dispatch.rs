@@ -72,7 +72,8 @@ impl PyDispatcher {
         connect_timeout: Option<f64>,
         slice_sizes: Vec<u32>,
     ) -> PyResult<Self> {
-        let tls = crate::rpc::tls::client_tls(tls_ca, None).map_err(PyValueError::new_err)?;
+        let tls =
+            crate::rpc::security::tls::client_tls(tls_ca, None).map_err(PyValueError::new_err)?;
         if !slice_sizes.is_empty() && slice_sizes.len() != addresses.len() {
             return Err(PyValueError::new_err(format!(
                 "slice_sizes has {} entries for {} addresses; expected one per address (or \

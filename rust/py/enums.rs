@@ -2,7 +2,7 @@
 //! `FunctionKind`, `ErrorKind` and `ResourceState`.
 //!
 //! Each variant is spelled once, by the Rust enum or protocol table it mirrors
-//! (`crate::rpc::codes`, [`LinkState::label`], [`ResourceStatus::label`]); the Python enum
+//! (`crate::rpc::wire::codes`, [`LinkState::label`], [`ResourceStatus::label`]); the Python enum
 //! takes that spelling as its `value` and `str()`, and compares equal to (and hashes like)
 //! it, so `status.state == "up"` and `{"up": 1}[status.state]` keep working for callers
 //! that hold strings, while typed callers write `WorkerState.UP`.
@@ -12,10 +12,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple, PyType};
 
 use crate::dispatch::{FailureKind, LinkState, ResourceStatus};
-use crate::rpc::codes::{
+use crate::rpc::pb;
+use crate::rpc::wire::codes::{
     error_kind_name, function_kind_name, parse_function_kind, serving_state_name, CANCELLED_KIND,
 };
-use crate::rpc::pb;
 
 /// Declares one spelled enum: the `#[pyclass]`, its spelling per variant (an expression
 /// that asks the owner), parsing, and the Python methods that make it equal to its
@@ -327,7 +327,7 @@ pub(super) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rpc::codes::parse_error_kind;
+    use crate::rpc::wire::codes::parse_error_kind;
 
     #[test]
     fn spellings_are_the_owners_and_parse_back() {

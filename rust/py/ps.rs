@@ -19,9 +19,11 @@ use super::blocking::{block_detached, finish_serving, in_runtime, wait_for};
 use super::convert::{client_config, duration, server_limits};
 use super::status::PsStatus;
 use crate::ps::{Op, PsClient, PsConfig, PsError, PsServer};
-use crate::rpc::connections::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION};
-use crate::rpc::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::pb;
+use crate::rpc::server::connections::{
+    DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION,
+};
+use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use arrays::{check_name, missing, to_array, to_indices, to_tensor};
 
 fn ps_error(error: PsError) -> PyErr {
@@ -58,7 +60,8 @@ impl PyPsServer {
         max_streams_per_connection: u32,
         handshake_timeout: f64,
     ) -> PyResult<Self> {
-        let tls = crate::rpc::tls::server_tls(tls_cert, tls_key).map_err(PyValueError::new_err)?;
+        let tls = crate::rpc::security::tls::server_tls(tls_cert, tls_key)
+            .map_err(PyValueError::new_err)?;
         let limits = server_limits(
             max_connections,
             max_streams_per_connection,

@@ -26,15 +26,6 @@ pub mod wire;
 pub use client::{ClientConfig, ClosureChannel, WorkerClient};
 pub use wire::status::RpcError;
 
-/// The module paths from before the rooms, for code written against them (other branches
-/// of the same refactor); new code names the room (`rpc::wire::limits`).
-pub use self::{
-    client::{channel, closure_stream, emulated},
-    security::{auth, tls},
-    server::{connections, serve},
-    wire::{chunks, codes, frames, limits, status},
-};
-
 /// Messages and service stubs generated from `protos/jaxcluster/v1/worker.proto`.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod pb {
@@ -47,8 +38,9 @@ pub const HASH_LEN: usize = 32;
 /// Revision of the v1 protocol this build speaks (`GetStatusResponse.protocol_revision`).
 /// Revision 2 added `ClosureError.ps_task`; revision 3 added the `RunClosures` stream;
 /// revision 4 added heartbeats and leases on `RunClosures`, `GetStatusResponse.previous_exit`
-/// and the connection counters.
-pub const PROTOCOL_REVISION: u32 = 4;
+/// and the connection counters; revision 5 added the ps's `ApplyUpdate` (optimizers applied
+/// on the parameter server).
+pub const PROTOCOL_REVISION: u32 = 5;
 
 /// Response metadata of `RunClosures` naming the worker's protocol revision, so a client
 /// knows before sending anything large whether the worker assembles chunked requests.
