@@ -200,7 +200,7 @@ def test_a_pending_error_is_built_by_the_registered_builder(cluster: Any) -> Non
 
 
 def test_resource_states_are_enums(coordinator: ClusterCoordinator) -> None:
-    resource = coordinator._create_resource(lambda: 1)
+    resource = coordinator._host.create_resource(lambda: 1)
     coordinator.schedule(lambda: None).fetch()
     state = resource.state(0)
     assert isinstance(state, core.ResourceState)
