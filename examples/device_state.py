@@ -70,12 +70,14 @@ def main() -> None:
         cluster(2, devices_per_host=devices) as c,
         ClusterCoordinator(c.resolver, auth_token=c.auth_token) as coordinator,
     ):
-        print("devices per worker:", [w["device_count"] for w in coordinator.workers])
         state = coordinator.create_per_worker_state(init_params)
         results = [
             coordinator.schedule(train_step, args=(state, seed, batch)) for seed in range(steps)
         ]
         coordinator.join()
+        # Each worker's own report (it answered by now: it ran closures).
+        counts = [w.report.device_count if w.report else None for w in coordinator.workers]
+        print("devices per worker:", counts)
         losses = [r.fetch()[0] for r in results]
         used = {r.fetch()[1] for r in results}
         print(f"devices used per step: {sorted(used)}")

@@ -78,7 +78,7 @@ def main() -> None:
         ) as coordinator:
 
             def up() -> list[int]:
-                return [i for i, w in enumerate(coordinator.workers) if w["state"] == "up"]
+                return [i for i, w in enumerate(coordinator.workers) if w.state == "up"]
 
             def run_phase(name: str) -> set[int]:
                 values = [coordinator.schedule(work, args=(i,)) for i in range(per_phase)]
@@ -94,7 +94,7 @@ def main() -> None:
             grown = len(up())
             run_phase("3 workers")
             write_tf_config(path, addresses[1:])  # worker 0 leaves
-            wait_until(lambda: coordinator.workers[0]["state"] == "removed", "worker 0 left")
+            wait_until(lambda: coordinator.workers[0].state == "removed", "worker 0 left")
             shrunk = run_phase("2 workers")
             print(
                 f"RESULT grew to {grown} workers, shrank to {len(up())}; "
