@@ -100,12 +100,14 @@ def main() -> int:
         with ClusterCoordinator(cluster.resolver, auth_token=cluster.auth_token) as coordinator:
             platform, kind, count = coordinator.schedule(where).fetch()
             status = coordinator.workers[0]
+            # A typed WorkerStatus (its worker's own report in .report); a dict before 0.2.
+            report = getattr(status, "report", None) or status
             results["worker"] = {
                 "platform": platform,
                 "device_kind": kind,
                 "device_count": count,
-                "reported_platform": str(status["platform"]),
-                "jax_version": str(status["jax_version"]),
+                "reported_platform": str(report["platform"]),
+                "jax_version": str(report["jax_version"]),
             }
             expected = "gpu" if options.worker_platform == "cuda" else options.worker_platform
             if platform != expected:
