@@ -165,11 +165,7 @@ impl PyDispatcher {
         buffers: Vec<Bound<'_, PyAny>>,
         resources: Vec<PyRef<'_, PyPerWorkerResource>>,
     ) -> PyResult<PyResultCell> {
-        let args = EncodedValue {
-            pickle: to_bytes(args),
-            buffers: bytes_of_all(&buffers, "Dispatcher.schedule(): each buffer")?,
-        };
-        let resources: Vec<PerWorkerResource> = resources.iter().map(|r| r.inner.clone()).collect();
+        let (args, resources) = closure_inputs(args, &buffers, &resources, "schedule")?;
         let closure = self
             .inner
             .closure(function_hash, args, &resources)
@@ -264,11 +260,7 @@ impl PyDispatcher {
         buffers: Vec<Bound<'_, PyAny>>,
         resources: Vec<PyRef<'_, PyPerWorkerResource>>,
     ) -> PyResult<PyResultCell> {
-        let args = EncodedValue {
-            pickle: to_bytes(args),
-            buffers: bytes_of_all(&buffers, "Dispatcher.schedule_on(): each buffer")?,
-        };
-        let resources: Vec<PerWorkerResource> = resources.iter().map(|r| r.inner.clone()).collect();
+        let (args, resources) = closure_inputs(args, &buffers, &resources, "schedule_on")?;
         let inner = self
             .inner
             .schedule_on(worker, function_hash, args, &resources)
@@ -477,4 +469,19 @@ fn bound(seconds: Option<f64>, what: &str) -> PyResult<Option<Option<std::time::
              bound"
         ))),
     }
+}
+
+/// A closure's arguments and the per-worker resources they refer to, as `schedule` and
+/// `schedule_on` both take them from Python.
+fn closure_inputs(
+    args: PyBackedBytes,
+    buffers: &[Bound<'_, PyAny>],
+    resources: &[PyRef<'_, PyPerWorkerResource>],
+    method: &str,
+) -> PyResult<(EncodedValue, Vec<PerWorkerResource>)> {
+    let args = EncodedValue {
+        pickle: to_bytes(args),
+        buffers: bytes_of_all(buffers, &format!("Dispatcher.{method}(): each buffer"))?,
+    };
+    Ok((args, resources.iter().map(|r| r.inner.clone()).collect()))
 }
