@@ -131,6 +131,9 @@ pub struct DispatcherConfig {
     /// worker whose `GetStatus` reports another slice size, or a rank other than 0, is not
     /// used (see `slices.rs`).
     pub slice_sizes: Vec<u32>,
+    /// The coordinator's own Python, JAX and jaxcluster versions, against which each
+    /// worker's are checked when its link connects (see `versions.rs`); `None`: not checked.
+    pub versions: Option<crate::dispatch::versions::Versions>,
 }
 
 impl Default for DispatcherConfig {
@@ -150,6 +153,7 @@ impl Default for DispatcherConfig {
             max_closure_retries: Some(DEFAULT_MAX_CLOSURE_RETRIES),
             connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
             slice_sizes: Vec::new(),
+            versions: None,
         }
     }
 }

@@ -135,6 +135,7 @@ pub mod result_cell;
 mod slices;
 mod status;
 pub mod transport;
+pub mod versions;
 
 #[cfg(test)]
 mod tests;
@@ -151,6 +152,7 @@ pub use resources::{PerWorkerResource, ResourceState, ResourceStatus};
 pub use result_cell::{CellStatus, EncodedValue, Interrupted, Outcome, ResultCell};
 pub use status::{LinkState, WorkerSnapshot};
 pub use transport::WorkerTransport;
+pub use versions::Versions;
 
 pub(crate) use dispatcher::Shared;
 

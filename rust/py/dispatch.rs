@@ -29,7 +29,7 @@ use super::outcome::outcome_object;
 use super::status::WorkerStatus;
 use crate::dispatch::{
     DispatchError, Dispatcher, DispatcherConfig, EncodedValue, ErrorPolicy, PerWorkerResource,
-    ResultCell,
+    ResultCell, Versions,
 };
 use crate::queue::WaitPolicy;
 use crate::rpc::{ClientConfig, WorkerClient};
@@ -53,7 +53,8 @@ impl PyDispatcher {
         addresses, *, auth_token = None, max_queue_size = 262_144,
         error_policy = "cancel_all", closure_timeout = None, recovery_timeout = None,
         max_message_bytes = 67_108_864, tls_ca = None, heartbeat_timeout = None,
-        max_closure_retries = None, connect_timeout = None, slice_sizes = Vec::new()
+        max_closure_retries = None, connect_timeout = None, slice_sizes = Vec::new(),
+        python_version = None, jax_version = None, jaxcluster_version = None
     ))]
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
@@ -71,6 +72,9 @@ impl PyDispatcher {
         max_closure_retries: Option<i64>,
         connect_timeout: Option<f64>,
         slice_sizes: Vec<u32>,
+        python_version: Option<String>,
+        jax_version: Option<String>,
+        jaxcluster_version: Option<String>,
     ) -> PyResult<Self> {
         let tls =
             crate::rpc::security::tls::client_tls(tls_ca, None).map_err(PyValueError::new_err)?;
@@ -109,6 +113,14 @@ impl PyDispatcher {
             config.max_closure_retries = u32::try_from(retries).ok();
         }
         config.slice_sizes = slice_sizes;
+        // The coordinator's own versions: each link checks its worker's against them.
+        if python_version.is_some() || jax_version.is_some() || jaxcluster_version.is_some() {
+            config.versions = Some(Versions {
+                python: python_version.unwrap_or_default(),
+                jax: jax_version.unwrap_or_default(),
+                jaxcluster: jaxcluster_version.unwrap_or_default(),
+            });
+        }
         let mut client = ClientConfig::new(String::new());
         client.auth_token = auth_token.map(str::to_owned);
         client.max_message_bytes = max_message_bytes;

@@ -59,7 +59,7 @@ impl PyWorkerServer {
                         max_streams_per_connection=DEFAULT_MAX_STREAMS_PER_CONNECTION,
                         handshake_timeout=5.0,
                         max_function_bytes=DEFAULT_MAX_FUNCTION_BYTES,
-                        previous_exit=String::new(),
+                        previous_exit=String::new(), python_version=None,
                         slice_index=None, slice_rank=None, slice_size=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -79,6 +79,7 @@ impl PyWorkerServer {
         handshake_timeout: f64,
         max_function_bytes: usize,
         previous_exit: String,
+        python_version: Option<String>,
         slice_index: Option<u32>,
         slice_rank: Option<u32>,
         slice_size: Option<u32>,
@@ -106,6 +107,11 @@ impl PyWorkerServer {
                 .map(|(name, device_type)| pb::Device { name, device_type })
                 .collect(),
             jax_version,
+            // This interpreter's unless the caller says (a test plays another Python).
+            python_version: python_version.unwrap_or_else(|| {
+                let v = py.version_info();
+                format!("{}.{}.{}", v.major, v.minor, v.patch)
+            }),
             platform,
             device_kind,
         };

@@ -74,6 +74,8 @@ pub struct WorkerConfig {
     pub devices: Vec<pb::Device>,
     /// Reported by `GetStatus`.
     pub jax_version: String,
+    /// Reported by `GetStatus`: the interpreter's `major.minor.micro` (empty: not known).
+    pub python_version: String,
     /// Reported by `GetStatus` (`cpu`, `gpu`, `tpu`).
     pub platform: String,
     /// Reported by `GetStatus`: the devices' `device_kind` (e.g. `"TPU v5 lite"`).
@@ -100,6 +102,7 @@ impl Default for WorkerConfig {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             devices: Vec::new(),
             jax_version: String::new(),
+            python_version: String::new(),
             platform: String::new(),
             device_kind: String::new(),
             tls: None,
@@ -175,6 +178,7 @@ impl WorkerServer {
         let state = Arc::new(WorkerState {
             worker_index: config.worker_index,
             jax_version: config.jax_version,
+            python_version: config.python_version,
             platform: config.platform,
             devices: config.devices,
             device_kind: config.device_kind,

@@ -28,6 +28,8 @@ pub struct WorkerState {
     pub jax_version: String,
     /// Reported in `GetStatus`.
     pub platform: String,
+    /// Reported in `GetStatus` (`major.minor.micro`; empty: not known).
+    pub python_version: String,
     /// Reported by `ListDevices` (their number by `GetStatus`).
     pub devices: Vec<pb::Device>,
     /// The devices' `device_kind`, reported by `GetStatus`.
@@ -67,6 +69,7 @@ impl WorkerState {
             worker_index: self.worker_index,
             jaxcluster_version: env!("CARGO_PKG_VERSION").to_owned(),
             jax_version: self.jax_version.clone(),
+            python_version: self.python_version.clone(),
             platform: self.platform.clone(),
             functions_registered: self.store.len() as u64,
             closures_run: load(&self.stats.closures_run),

@@ -165,6 +165,11 @@ impl FakeCluster {
         }
     }
 
+    /// Worker `index`'s `GetStatus` reports Python `version` from now on.
+    pub fn report_python(&self, index: usize, version: &str) {
+        *lock(&self.inner.workers[index].python_version) = version.to_owned();
+    }
+
     /// One transport per worker, in index order.
     pub fn transports(&self) -> Vec<FakeTransport> {
         (0..self.inner.workers.len())

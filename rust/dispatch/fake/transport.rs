@@ -156,6 +156,7 @@ impl WorkerTransport for FakeTransport {
                     incarnation
                 },
                 inflight: self.worker().running(),
+                python_version: super::lock(&self.worker().python_version).clone(),
                 ..pb::GetStatusResponse::default()
             })
         })

@@ -33,6 +33,8 @@ pub(crate) struct FakeWorker {
     pub(super) streams: std::sync::atomic::AtomicUsize,
     /// The next `RunClosures` call is never accepted (a worker frozen as it was called).
     pub(super) stall_next_stream: std::sync::atomic::AtomicBool,
+    /// The Python version its `GetStatus` reports (empty: not reported, as older workers).
+    pub(super) python_version: Mutex<String>,
 }
 
 impl FakeWorker {
@@ -51,6 +53,7 @@ impl FakeWorker {
             incarnation: watch::Sender::new(1),
             streams: std::sync::atomic::AtomicUsize::new(0),
             stall_next_stream: std::sync::atomic::AtomicBool::new(false),
+            python_version: Mutex::new(String::new()),
         }
     }
 

@@ -50,6 +50,7 @@ use super::resources::{ResourceInner, ResourceState};
 use super::result_cell::{EncodedValue, Outcome};
 use super::status::{Incarnation, LinkStatus};
 use super::transport::WorkerTransport;
+use super::versions::VersionCheck;
 use super::{LinkState, Shared};
 use crate::log_target::DISPATCH;
 use crate::queue::Tag;
@@ -109,6 +110,8 @@ pub(crate) struct Link<T> {
     postmortems: Vec<Arc<Death>>,
     /// Closures that used up `max_closure_retries`, waiting for their post-mortem.
     doomed: Vec<Closure>,
+    /// What this link logged about its worker's versions (once per link).
+    versions: VersionCheck,
 }
 
 impl<T: WorkerTransport> Link<T> {
@@ -140,6 +143,7 @@ impl<T: WorkerTransport> Link<T> {
             previous_exit: String::new(),
             postmortems: Vec::new(),
             doomed: Vec::new(),
+            versions: VersionCheck::default(),
         }
     }
 

@@ -122,8 +122,12 @@ impl<T: WorkerTransport> Link<T> {
                 }
                 Ok(status) => {
                     let expected = self.shared.config.slice_size(self.index);
+                    let own = self.shared.config.versions.as_ref();
+                    let (address, index) = (self.address().to_owned(), self.index);
                     if let Some(reason) =
-                        crate::dispatch::slices::mismatch(&status, expected, self.address())
+                        crate::dispatch::slices::mismatch(&status, expected, &address).or_else(
+                            || self.versions.refusal(own, &status, &address, index),
+                        )
                     {
                         Err(Interruption::WorkerFailed(reason))
                     } else {

@@ -14,6 +14,7 @@ mod resources;
 mod schedule_on;
 mod stress;
 mod timing;
+mod versions;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
