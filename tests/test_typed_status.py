@@ -19,6 +19,7 @@ REPORT_KEYS = [
     "worker_index",
     "jaxcluster_version",
     "jax_version",
+    "python_version",
     "platform",
     "device_count",
     "device_kind",

@@ -210,6 +210,9 @@ class WorkerReport:
     @property
     def jax_version(self) -> str: ...
     @property
+    def python_version(self) -> str:
+        """The worker's Python (``major.minor.micro``); empty from older workers."""
+    @property
     def platform(self) -> str:
         """JAX platform (``cpu``, ``gpu``, ``tpu``); empty before JAX loaded."""
 
@@ -692,6 +695,7 @@ class WorkerServer:
         handshake_timeout: float = 5.0,
         max_function_bytes: int = ...,
         previous_exit: str = ...,
+        python_version: str | None = None,
         slice_index: int | None = None,
         slice_rank: int | None = None,
         slice_size: int | None = None,
@@ -712,6 +716,8 @@ class WorkerServer:
         worker process on this address ended, if its launcher said. ``slice_index``,
         ``slice_rank`` and ``slice_size`` (all three or none; rank below size) say which
         multi-host slice this worker is a host of, reported by ``GetStatus``.
+        ``python_version`` (default: this interpreter's ``major.minor.micro``) is the
+        Python version ``GetStatus`` reports, which a coordinator checks against its own.
         """
 
     @property
@@ -1167,11 +1173,17 @@ class Dispatcher:
         max_closure_retries: int | None = None,
         connect_timeout: float | None = None,
         slice_sizes: Sequence[int] = ...,
+        python_version: str | None = None,
+        jax_version: str | None = None,
+        jaxcluster_version: str | None = None,
     ) -> Self:
         """``slice_sizes`` (one per address, default all 1): how many hosts the slice whose
         rank 0 each address is must have; a worker reporting another slice size, or a rank
         other than 0, is not used (its link keeps retrying and says why, until the
-        recovery bound). ``heartbeat_timeout``, ``max_closure_retries`` and
+        recovery bound). ``python_version``, ``jax_version`` and ``jaxcluster_version``
+        are this coordinator's own (all ``None``: not checked): a worker of another Python
+        minor version or an older JAX minor version is not used in the same way, other
+        differences are logged once per worker as a WARNING. ``heartbeat_timeout``, ``max_closure_retries`` and
         ``connect_timeout``: ``None``
         keeps the environment's value (``JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC``,
         ``JAXCLUSTER_MAX_CLOSURE_RETRIES``, ``JAXCLUSTER_CONNECT_TIMEOUT_SEC``) or the

@@ -121,27 +121,6 @@ pub(crate) fn compare(own: &Versions, theirs: &Versions, address: &str) -> Verdi
     verdict
 }
 
-/// Compares a parameter server's versions with this process's: the Python rule and the
-/// jaxcluster warning (a ps does not run JAX). Variables cross as pickles too.
-pub(crate) fn compare_ps(own: &Versions, theirs: &Versions, address: &str) -> Verdict {
-    let mut verdict = compare(
-        &Versions {
-            jax: String::new(),
-            ..own.clone()
-        },
-        &Versions {
-            jax: String::new(),
-            ..theirs.clone()
-        },
-        address,
-    );
-    verdict.warnings.retain(|w| !w.contains("JAX version"));
-    for text in verdict.refusal.iter_mut().chain(&mut verdict.warnings) {
-        *text = text.replacen("worker", "parameter server", 1);
-    }
-    verdict
-}
-
 fn or_unknown(version: &str) -> &str {
     if version.trim().is_empty() {
         "not reported"
@@ -226,13 +205,21 @@ mod tests {
 
     #[test]
     fn another_python_patch_passes_silently() {
-        let verdict = compare(&v("3.11.4", "0.6.2", "1"), &v("3.11.9", "0.6.2", "1"), "h:1");
+        let verdict = compare(
+            &v("3.11.4", "0.6.2", "1"),
+            &v("3.11.9", "0.6.2", "1"),
+            "h:1",
+        );
         assert_eq!(verdict, Verdict::default());
     }
 
     #[test]
     fn another_python_minor_is_refused_naming_both_and_the_fix() {
-        let verdict = compare(&v("3.11.4", "0.6.2", "1"), &v("3.12.1", "0.6.2", "1"), "h:7");
+        let verdict = compare(
+            &v("3.11.4", "0.6.2", "1"),
+            &v("3.12.1", "0.6.2", "1"),
+            "h:7",
+        );
         let why = verdict.refusal.unwrap();
         assert!(why.contains("worker h:7 runs Python 3.12.1"), "{why}");
         assert!(why.contains("coordinator Python 3.11.4"), "{why}");
@@ -241,24 +228,51 @@ mod tests {
 
     #[test]
     fn an_older_worker_jax_is_refused_a_newer_one_warned() {
-        let older = compare(&v("3.11.4", "0.6.2", "1"), &v("3.11.4", "0.5.3", "1"), "h:1");
+        let older = compare(
+            &v("3.11.4", "0.6.2", "1"),
+            &v("3.11.4", "0.5.3", "1"),
+            "h:1",
+        );
         let why = older.refusal.unwrap();
-        assert!(why.contains("JAX 0.5.3") && why.contains("JAX 0.6.2"), "{why}");
-        let newer = compare(&v("3.11.4", "0.5.3", "1"), &v("3.11.4", "0.6.0", "1"), "h:1");
+        assert!(
+            why.contains("JAX 0.5.3") && why.contains("JAX 0.6.2"),
+            "{why}"
+        );
+        let newer = compare(
+            &v("3.11.4", "0.5.3", "1"),
+            &v("3.11.4", "0.6.0", "1"),
+            "h:1",
+        );
         assert_eq!(newer.refusal, None);
         assert_eq!(newer.warnings.len(), 1, "{:?}", newer.warnings);
-        assert!(newer.warnings[0].contains("JAX 0.6.0"), "{:?}", newer.warnings);
-        let patch = compare(&v("3.11.4", "0.6.2", "1"), &v("3.11.4", "0.6.0", "1"), "h:1");
+        assert!(
+            newer.warnings[0].contains("JAX 0.6.0"),
+            "{:?}",
+            newer.warnings
+        );
+        let patch = compare(
+            &v("3.11.4", "0.6.2", "1"),
+            &v("3.11.4", "0.6.0", "1"),
+            "h:1",
+        );
         assert_eq!(patch.refusal, None);
         assert_eq!(patch.warnings.len(), 1, "{:?}", patch.warnings);
     }
 
     #[test]
     fn another_jaxcluster_is_warned() {
-        let verdict = compare(&v("3.11.4", "0.6.2", "0.10.2"), &v("3.11.4", "0.6.2", "0.9.0"), "h:1");
+        let verdict = compare(
+            &v("3.11.4", "0.6.2", "0.10.2"),
+            &v("3.11.4", "0.6.2", "0.9.0"),
+            "h:1",
+        );
         assert_eq!(verdict.refusal, None);
         assert_eq!(verdict.warnings.len(), 1);
-        assert!(verdict.warnings[0].contains("jaxcluster 0.9.0"), "{:?}", verdict.warnings);
+        assert!(
+            verdict.warnings[0].contains("jaxcluster 0.9.0"),
+            "{:?}",
+            verdict.warnings
+        );
     }
 
     #[test]
@@ -266,16 +280,11 @@ mod tests {
         let verdict = compare(&v("3.11.4", "0.6.2", "1"), &v("", "garbage", "1"), "h:1");
         assert_eq!(verdict.refusal, None);
         assert_eq!(verdict.warnings.len(), 2, "{:?}", verdict.warnings);
-        assert!(verdict.warnings[0].contains("not reported"), "{:?}", verdict.warnings);
-    }
-
-    #[test]
-    fn a_ps_is_checked_for_python_not_jax() {
-        let own = v("3.11.4", "0.6.2", "1");
-        let other_minor = compare_ps(&own, &v("3.10.2", "", "1"), "ps:1");
-        let why = other_minor.refusal.unwrap();
-        assert!(why.starts_with("parameter server ps:1 runs Python 3.10.2"), "{why}");
-        assert_eq!(compare_ps(&own, &v("3.11.0", "", "1"), "ps:1"), Verdict::default());
+        assert!(
+            verdict.warnings[0].contains("not reported"),
+            "{:?}",
+            verdict.warnings
+        );
     }
 
     #[test]

@@ -36,6 +36,7 @@ record! {
         worker_index: i64 = self.0.worker_index,
         jaxcluster_version: &str = &self.0.jaxcluster_version,
         jax_version: &str = &self.0.jax_version,
+        python_version: &str = &self.0.python_version,
         platform: &str = &self.0.platform,
         device_count: u32 = self.0.device_count,
         device_kind: &str = &self.0.device_kind,

@@ -119,3 +119,25 @@ def _check_options(max_queue_size: int, error_policy: str, closure_timeout: Any)
             f"error_policy={error_policy!r}; expected one of {', '.join(_ERROR_POLICIES)}"
         )
     _check_seconds("closure_timeout", closure_timeout)
+
+
+def _own_versions() -> dict[str, str]:
+    """This process's Python (``major.minor.micro``), JAX and jaxcluster versions, which
+    each worker link checks its worker's against (``""`` for a JAX that cannot be imported:
+    the check then only warns)."""
+    import sys
+
+    from jaxcluster import __version__
+
+    try:
+        import jax
+
+        jax_version = str(jax.__version__)
+    except ImportError:
+        jax_version = ""
+    python = sys.version_info
+    return {
+        "python_version": f"{python.major}.{python.minor}.{python.micro}",
+        "jax_version": jax_version,
+        "jaxcluster_version": __version__,
+    }

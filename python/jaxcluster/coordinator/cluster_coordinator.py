@@ -26,6 +26,7 @@ from jaxcluster.coordinator._options import (
     _check_metrics_port,
     _check_options,
     _check_seconds,
+    _own_versions,
     _resolver_and_token,
     _retries_bound,
     _seconds_bound,
@@ -181,6 +182,8 @@ class ClusterCoordinator:
             recovery_timeout=None if recovery_timeout is None else float(recovery_timeout),
             # Each link checks its worker is rank 0 of a slice this size (1: no slice).
             slice_sizes=[len(group) for group in self._slices],
+            # Each link checks its worker's versions against these (see versions.rs).
+            **_own_versions(),
         )
         self._membership = Membership(self._dispatcher, addresses, token, ca)
         self._worker_facts = WorkerFacts(self._dispatcher)

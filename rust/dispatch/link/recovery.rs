@@ -125,9 +125,8 @@ impl<T: WorkerTransport> Link<T> {
                     let own = self.shared.config.versions.as_ref();
                     let (address, index) = (self.address().to_owned(), self.index);
                     if let Some(reason) =
-                        crate::dispatch::slices::mismatch(&status, expected, &address).or_else(
-                            || self.versions.refusal(own, &status, &address, index),
-                        )
+                        crate::dispatch::slices::mismatch(&status, expected, &address)
+                            .or_else(|| self.versions.refusal(own, &status, &address, index))
                     {
                         Err(Interruption::WorkerFailed(reason))
                     } else {

@@ -28,7 +28,11 @@ fn a_worker_of_another_python_minor_is_refused_and_closures_run_elsewhere() {
     wait_until("worker 0 is up", || state(&dispatcher, 0) == LinkState::Up);
     let echo = function(&dispatcher, "echo");
     let cells: Vec<_> = (0..4)
-        .map(|i| dispatcher.schedule(&echo, args(&i.to_string()), &[]).unwrap())
+        .map(|i| {
+            dispatcher
+                .schedule(&echo, args(&i.to_string()), &[])
+                .unwrap()
+        })
         .collect();
     for (i, cell) in cells.iter().enumerate() {
         assert_eq!(value(cell), args(&i.to_string()));
