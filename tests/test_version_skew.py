@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from jaxcluster import ClusterSpec
-from jaxcluster.cluster_resolver import SimpleClusterResolver
 from jaxcluster._native import core
+from jaxcluster.cluster_resolver import SimpleClusterResolver
 from jaxcluster.coordinator import ClusterCoordinator, get_current_worker_index
 from support.closures import local_cluster, wait_until
 

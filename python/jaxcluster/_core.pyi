@@ -1183,8 +1183,8 @@ class Dispatcher:
         recovery bound). ``python_version``, ``jax_version`` and ``jaxcluster_version``
         are this coordinator's own (all ``None``: not checked): a worker of another Python
         minor version or an older JAX minor version is not used in the same way, other
-        differences are logged once per worker as a WARNING. ``heartbeat_timeout``, ``max_closure_retries`` and
-        ``connect_timeout``: ``None``
+        differences are logged once per worker as a WARNING. ``heartbeat_timeout``,
+        ``max_closure_retries`` and ``connect_timeout``: ``None``
         keeps the environment's value (``JAXCLUSTER_HEARTBEAT_TIMEOUT_SEC``,
         ``JAXCLUSTER_MAX_CLOSURE_RETRIES``, ``JAXCLUSTER_CONNECT_TIMEOUT_SEC``) or the
         default (5 s, 3, 60 s); ``float('inf')`` (a negative count) means no bound.
