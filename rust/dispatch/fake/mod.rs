@@ -167,7 +167,7 @@ impl FakeCluster {
 
     /// Worker `index`'s `GetStatus` reports Python `version` from now on.
     pub fn report_python(&self, index: usize, version: &str) {
-        *lock(&self.inner.workers[index].python_version) = version.to_owned();
+        version.clone_into(&mut lock(&self.inner.workers[index].python_version));
     }
 
     /// One transport per worker, in index order.
