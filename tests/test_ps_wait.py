@@ -3,6 +3,7 @@ one that starts late, and names the ones that never answer after its timeout."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -107,3 +108,22 @@ def test_a_negative_timeout_is_refused(cluster: LocalCluster) -> None:
     strategy = ParameterServerStrategy(cluster.resolver, auth_token=cluster.auth_token)
     with pytest.raises(ValueError, match="timeout"):
         strategy.wait_for_ps(timeout=-1)
+
+
+def test_warns_about_a_ps_task_of_another_jaxcluster_release(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from jaxcluster.strategy import _ps_wait
+
+    strategy = ParameterServerStrategy(cluster.resolver, auth_token=cluster.auth_token)
+    with caplog.at_level(logging.WARNING, logger=_ps_wait.__name__):
+        strategy.wait_for_ps(timeout=30)
+    assert not [r for r in caplog.records if "runs jaxcluster" in r.getMessage()]
+    # This process plays another release; the ps tasks report theirs.
+    monkeypatch.setattr(_ps_wait, "__version__", "0.0.1")
+    with caplog.at_level(logging.WARNING, logger=_ps_wait.__name__):
+        strategy.wait_for_ps(timeout=30)
+    warnings = [r.getMessage() for r in caplog.records if "runs jaxcluster" in r.getMessage()]
+    assert len(warnings) == len(cluster.ps_addresses), warnings
+    assert f"at {cluster.ps_addresses[0]} runs jaxcluster" in warnings[0]
+    assert "this process jaxcluster 0.0.1" in warnings[0]

@@ -4,16 +4,24 @@ Creating variables needs every ps task up, and in a freshly scheduled job (Kuber
 Slurm steps) the ps tasks may still be starting when the coordinator's program runs. Each
 probe is one bounded ``get_status`` call, and the pause between probes is an ``Event`` wait
 of a fraction of a second, so Ctrl-C interrupts the wait promptly.
+
+A ps task of another jaxcluster release is logged as a WARNING (the protocol revision
+guards the wire; a ps runs no JAX and unpickles no code, so the coordinator's Python and
+JAX rules of rust/dispatch/versions.rs do not apply to it).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Mapping
 
 from jaxcluster import errors
+from jaxcluster._native import __version__
 from jaxcluster.strategy._clients import client_for
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["wait_for_ps"]
 
@@ -48,11 +56,20 @@ def wait_for_ps(
             remaining = None if deadline is None else deadline - time.monotonic()
             probe = _PROBE_TIMEOUT if remaining is None else min(_PROBE_TIMEOUT, remaining)
             try:
-                client_for(address, token, tls_ca).get_status(timeout=max(probe, 0.05))
+                status = client_for(address, token, tls_ca).get_status(timeout=max(probe, 0.05))
             except _NOT_YET as exc:
                 last_error[index] = exc
                 continue
             del pending[index]
+            if status.jaxcluster_version != __version__:
+                _log.warning(
+                    "ps task /job:ps/task:%d at %s runs jaxcluster %s, this process "
+                    "jaxcluster %s; install the same release everywhere",
+                    index,
+                    address,
+                    status.jaxcluster_version or "(not reported)",
+                    __version__,
+                )
         if not pending:
             return
         if deadline is not None and time.monotonic() >= deadline:
