@@ -9,7 +9,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 _ERROR_POLICIES = ("cancel_all", "per_closure")
 
@@ -121,7 +121,15 @@ def _check_options(max_queue_size: int, error_policy: str, closure_timeout: Any)
     _check_seconds("closure_timeout", closure_timeout)
 
 
-def _own_versions() -> dict[str, str]:
+class _Versions(NamedTuple):
+    """This process's versions, as the dispatcher compares its workers' with them."""
+
+    python: str
+    jax: str
+    jaxcluster: str
+
+
+def _own_versions() -> _Versions:
     """This process's Python (``major.minor.micro``), JAX and jaxcluster versions, which
     each worker link checks its worker's against (``""`` for a JAX that cannot be imported:
     the check then only warns)."""
@@ -136,8 +144,4 @@ def _own_versions() -> dict[str, str]:
     except ImportError:
         jax_version = ""
     python = sys.version_info
-    return {
-        "python_version": f"{python.major}.{python.minor}.{python.micro}",
-        "jax_version": jax_version,
-        "jaxcluster_version": __version__,
-    }
+    return _Versions(f"{python.major}.{python.minor}.{python.micro}", jax_version, __version__)

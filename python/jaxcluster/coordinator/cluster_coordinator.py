@@ -169,6 +169,7 @@ class ClusterCoordinator:
         warn_if_token_in_clear(addresses, token, ca, _log, "workers", stacklevel=2)
         # A logging configuration made just before this applies to the Rust events at once.
         core.refresh_log_levels()
+        versions = _own_versions()
         self._dispatcher = core.Dispatcher(
             addresses,
             auth_token=token,
@@ -183,7 +184,9 @@ class ClusterCoordinator:
             # Each link checks its worker is rank 0 of a slice this size (1: no slice).
             slice_sizes=[len(group) for group in self._slices],
             # Each link checks its worker's versions against these (see versions.rs).
-            **_own_versions(),
+            python_version=versions.python,
+            jax_version=versions.jax,
+            jaxcluster_version=versions.jaxcluster,
         )
         self._membership = Membership(self._dispatcher, addresses, token, ca)
         self._worker_facts = WorkerFacts(self._dispatcher)
