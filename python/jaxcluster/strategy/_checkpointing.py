@@ -68,8 +68,15 @@ def _mismatches(
     return problems
 
 
-def restore(variables: Sequence[ParameterServerVariable], path: str | os.PathLike[str]) -> None:
-    arrays = read_checkpoint(path)
+def restore(
+    variables: Sequence[ParameterServerVariable],
+    path: str | os.PathLike[str],
+    arrays: dict[str, np.ndarray] | None = None,
+) -> None:
+    """Sets ``variables`` from the checkpoint at ``path`` (``arrays``: its contents, when
+    the caller has read it already)."""
+    if arrays is None:
+        arrays = read_checkpoint(path)
     problems = _mismatches(variables, arrays)
     if problems:
         raise ValueError(

@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxcluster import errors
 from jaxcluster._native import core
+from jaxcluster.strategy import _optimizer_state
 from jaxcluster.strategy.variables import ParameterServerVariable
 
 __all__ = [
@@ -170,8 +171,9 @@ class Optimizer:
     def build(self, variables: Any, strategy: Any) -> None:
         """Creates the slots and step counts of ``variables`` (a list or pytree) on their ps
         tasks, zeroed (Adagrad's accumulator at its initial value), and has ``strategy``
-        save and restore them with its variables (``strategy.save``/``restore``). Without
-        ``build`` the ps creates them at the first update, but checkpoints leave them out.
+        save and restore them with its variables (``strategy.save``/``restore``). Optional:
+        without it the ps creates them at the first update, and ``strategy.save`` finds
+        them there; ``build`` makes them exist (and be saved) before any update.
 
         Example: ``opt.build([w], strategy); strategy.save(path)``
         """
@@ -180,31 +182,15 @@ class Optimizer:
         is_var = lambda x: isinstance(x, ParameterServerVariable)  # noqa: E731
         for variable in jax.tree.leaves(variables, is_leaf=is_var):
             for slot, initial in self._spec.slots():
-                shards = [s._replace(key=f"{s.key}/{self._name}/{slot}") for s in variable.shards]
-                made = ParameterServerVariable(
-                    f"{variable.name}/{self._name}/{slot}",
-                    variable.dtype,
-                    variable.shape,
-                    shards,
-                    auth_token=variable._token,
-                    tls_ca=variable._tls_ca,
-                )
+                made = _optimizer_state.slot_variable(variable, self._name, slot)
                 full = np.full(variable.shape, initial, dtype=variable.storage_dtype)
-                for shard in shards:
+                for shard in made.shards:
                     piece = made._piece(full, shard)
                     made._call(shard, "create_variable", shard.key, piece, replace=True)
                 strategy._adopt(made)
             for shard in variable.shards:
-                key = f"{shard.key}/{self._name}/iterations"
-                count = ParameterServerVariable(
-                    key,
-                    np.int64,
-                    (),
-                    [shard._replace(key=key, start=0, stop=0)],
-                    auth_token=variable._token,
-                    tls_ca=variable._tls_ca,
-                )
-                count._call(shard, "create_variable", key, np.int64(0), replace=True)
+                count = _optimizer_state.count_variable(variable, shard, self._name)
+                count._call(shard, "create_variable", count.name, np.int64(0), replace=True)
                 strategy._adopt(count)
 
     def apply_gradients(
@@ -239,7 +225,7 @@ class Optimizer:
     def iterations(self, variable: ParameterServerVariable) -> int:
         """Updates this optimizer applied to ``variable`` (its first shard)."""
         shard = variable.shards[0]
-        key = f"{shard.key}/{self._name}/iterations"
+        key = f"{shard.key}/{self._name}/{_optimizer_state.COUNT}"
         try:
             return int(variable._call(shard, "read", key))
         except errors.PSUnavailableError as exc:
@@ -412,7 +398,7 @@ class Adagrad(Optimizer):
 
 def slot_keys(optimizer: Optimizer, variable: ParameterServerVariable) -> Iterable[str]:
     """The ps keys of ``variable``'s slots and step counts for ``optimizer``."""
-    names = [s for s, _ in optimizer.spec.slots()] + ["iterations"]
+    names = [s for s, _ in optimizer.spec.slots()] + [_optimizer_state.COUNT]
     for shard in variable.shards:
         for slot in names:
             yield f"{shard.key}/{optimizer.name}/{slot}"

@@ -35,7 +35,8 @@ import numpy as np
 
 from jaxcluster._auth import auth_token_from_env
 from jaxcluster._tls import ca_from_env, load_ca
-from jaxcluster.strategy import _checkpointing, _ps_wait
+from jaxcluster.strategy import _checkpointing, _optimizer_state, _ps_wait
+from jaxcluster.strategy.checkpoint import read_checkpoint
 from jaxcluster.strategy.variables import ParameterServerVariable, Shard
 
 __all__ = ["ParameterServerStrategy"]
@@ -294,7 +295,14 @@ class ParameterServerStrategy:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Writes every variable to the file ``path``, replacing an earlier checkpoint
-        atomically (temporary file, fsync, rename, directory fsync)."""
+        atomically (temporary file, fsync, rename, directory fsync).
+
+        The optimizers' slots and step counts of these variables are saved with them,
+        whether ``optimizer.build`` made them or the ps did at a first update (each ps
+        task is asked which it holds), and are restored with them from then on.
+        """
+        for found in _optimizer_state.on_ps(self.variables):
+            self._adopt(found)
         _checkpointing.save(self.variables, path)
 
     def restore(self, path: str | os.PathLike[str]) -> None:
@@ -303,8 +311,19 @@ class ParameterServerStrategy:
         Raises ``ValueError`` (changing nothing) if the file is corrupt, or if its names,
         dtypes or shapes do not match this strategy's variables. A ps task that restarted
         and lost its variables gets them back.
+
+        Optimizer slots and step counts in the checkpoint are recreated on the ps beside
+        their variables (partitioned as they are) even if no optimizer was built in this
+        strategy: a restored Adam resumes with its moments and step counts. Step counts
+        are per shard, so they restore only into the partitioning they were saved from
+        (a different one raises ``ValueError`` naming them).
         """
-        _checkpointing.restore(self.variables, path)
+        arrays = read_checkpoint(path)
+        current = self.variables
+        made = _optimizer_state.from_checkpoint(current, arrays)
+        _checkpointing.restore([*current, *made], path, arrays)
+        for variable in made:
+            self._adopt(variable)
 
     def __repr__(self) -> str:
         return (

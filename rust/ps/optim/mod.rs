@@ -209,6 +209,8 @@ impl Optimizer {
         }
     }
 
+    /// Decodes, steps and encodes back [`CHUNK`] elements at a time: each buffer is read
+    /// and written once per update, with no copy of the whole variable and its slots.
     fn apply_as<S: Stored<T>, T: Real>(
         &self,
         done: u64,
@@ -216,14 +218,24 @@ impl Optimizer {
         grad: &[u8],
         slots: &mut [&mut [u8]],
     ) {
-        let mut p = S::decode(param);
-        let g = S::decode(grad);
-        let mut s: Vec<Vec<T>> = slots.iter().map(|b| S::decode(b)).collect();
         let lr = T::of(self.learning_rate.at(done));
-        self.rule_step(lr, done, &mut p, &g, &mut s);
-        S::encode(&p, param);
-        for (values, bytes) in s.iter().zip(slots.iter_mut()) {
-            S::encode(values, bytes);
+        let (mut p, mut g) = (Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK));
+        let mut s: Vec<Vec<T>> = slots.iter().map(|_| Vec::with_capacity(CHUNK)).collect();
+        let chunk_bytes = CHUNK * S::SIZE;
+        let mut start = 0;
+        while start < param.len() {
+            let range = start..(start + chunk_bytes).min(param.len());
+            S::decode_into(&param[range.clone()], &mut p);
+            S::decode_into(&grad[range.clone()], &mut g);
+            for (values, bytes) in s.iter_mut().zip(slots.iter()) {
+                S::decode_into(&bytes[range.clone()], values);
+            }
+            self.rule_step(lr, done, &mut p, &g, &mut s);
+            S::encode(&p, &mut param[range.clone()]);
+            for (values, bytes) in s.iter().zip(slots.iter_mut()) {
+                S::encode(values, &mut bytes[range.clone()]);
+            }
+            start = range.end;
         }
     }
 
@@ -272,26 +284,35 @@ impl Optimizer {
     }
 }
 
+/// Elements an update decodes at a time: the chunk of the variable, its gradient and its
+/// slots stays in cache between decoding, stepping and encoding.
+const CHUNK: usize = 4096;
+
 /// How a stored float type converts to and from the type it is computed in.
 trait Stored<T>: Sized {
     const SIZE: usize;
-    fn decode(bytes: &[u8]) -> Vec<T>;
+    /// Replaces the contents of `out` with the values in `bytes`.
+    fn decode_into(bytes: &[u8], out: &mut Vec<T>);
     fn encode(values: &[T], out: &mut [u8]);
+    #[cfg(test)]
+    fn decode(bytes: &[u8]) -> Vec<T> {
+        let mut out = Vec::new();
+        Self::decode_into(bytes, &mut out);
+        out
+    }
 }
 
 macro_rules! stored {
     ($s:ty, $t:ty, $to:expr, $from:expr) => {
         impl Stored<$t> for $s {
             const SIZE: usize = std::mem::size_of::<$s>();
-            fn decode(bytes: &[u8]) -> Vec<$t> {
-                bytes
-                    .chunks_exact(Self::SIZE)
-                    .map(|c| {
-                        let mut raw = [0u8; std::mem::size_of::<$s>()];
-                        raw.copy_from_slice(c);
-                        $to(<$s>::from_le_bytes(raw))
-                    })
-                    .collect()
+            fn decode_into(bytes: &[u8], out: &mut Vec<$t>) {
+                out.clear();
+                out.extend(bytes.chunks_exact(Self::SIZE).map(|c| {
+                    let mut raw = [0u8; std::mem::size_of::<$s>()];
+                    raw.copy_from_slice(c);
+                    $to(<$s>::from_le_bytes(raw))
+                }));
             }
             fn encode(values: &[$t], out: &mut [u8]) {
                 for (v, c) in values.iter().zip(out.chunks_exact_mut(Self::SIZE)) {
