@@ -16,11 +16,11 @@ use super::dtype::Op;
 use crate::rpc::client::channel::{self, Callee, Peer};
 use crate::rpc::client::chunked::{ChunkStream, ChunkedAnswer};
 use crate::rpc::client::ClientConfig;
-use crate::rpc::security::auth::BearerToken;
+use crate::rpc::security::auth::CallHeaders;
 use crate::rpc::{pb, RpcError};
 
 type Inner =
-    pb::parameter_server_client::ParameterServerClient<InterceptedService<Channel, BearerToken>>;
+    pb::parameter_server_client::ParameterServerClient<InterceptedService<Channel, CallHeaders>>;
 
 /// A connection to one ps task's `ParameterServer` service.
 #[derive(Clone)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
-use crate::rpc::security::auth::BearerToken;
+use crate::rpc::security::auth::CallHeaders;
 use crate::rpc::wire::limits::{
     validate_max_message_bytes, CONNECTION_WINDOW_BYTES, STREAM_WINDOW_BYTES,
 };
@@ -52,8 +52,8 @@ pub fn endpoint_uri(address: &str, peer: &Peer) -> Result<String, RpcError> {
 pub struct LazyChannel {
     /// Connects on first use and reconnects by itself after a failure.
     pub channel: Channel,
-    /// The interceptor that adds the bearer token.
-    pub auth: BearerToken,
+    /// The interceptor that adds the bearer token and the session.
+    pub auth: CallHeaders,
     /// The validated message-size limit, for both directions.
     pub max_message_bytes: usize,
 }
@@ -63,7 +63,8 @@ pub struct LazyChannel {
 pub fn connect_lazy(config: &ClientConfig, peer: &Peer) -> Result<LazyChannel, RpcError> {
     let max_message_bytes =
         validate_max_message_bytes(config.max_message_bytes).map_err(RpcError::InvalidArgument)?;
-    let auth = BearerToken::new(config.auth_token.as_deref()).map_err(RpcError::InvalidArgument)?;
+    let auth = CallHeaders::new(config.auth_token.as_deref(), config.session.as_deref())
+        .map_err(RpcError::InvalidArgument)?;
     let uri = endpoint_uri(&config.address, peer)?;
     let endpoint = crate::rpc::security::tls::endpoint(uri, config.tls.as_ref())
         .map_err(|e| {

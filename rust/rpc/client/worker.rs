@@ -19,11 +19,11 @@ use tower::{Service, ServiceExt};
 use super::channel::{self, Callee, Peer};
 use super::chunked::{ChunkStream, ChunkedAnswer};
 use crate::rpc::pb;
-use crate::rpc::security::auth::BearerToken;
+use crate::rpc::security::auth::CallHeaders;
 use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::RpcError;
 
-pub(super) type Inner = pb::worker_client::WorkerClient<InterceptedService<Channel, BearerToken>>;
+pub(super) type Inner = pb::worker_client::WorkerClient<InterceptedService<Channel, CallHeaders>>;
 
 /// How to reach a worker.
 #[derive(Debug, Clone)]
@@ -32,6 +32,9 @@ pub struct ClientConfig {
     pub address: String,
     /// Sent as `authorization: Bearer <token>` on every call.
     pub auth_token: Option<String>,
+    /// The session every call belongs to, sent as `jaxcluster-session`
+    /// (`crate::rpc::wire::session`); `None`: the anonymous session.
+    pub session: Option<String>,
     /// Bound on establishing a connection.
     pub connect_timeout: Duration,
     /// Largest request or response accepted, in bytes.
@@ -46,6 +49,7 @@ impl ClientConfig {
         Self {
             address: address.into(),
             auth_token: None,
+            session: None,
             connect_timeout: Duration::from_secs(10),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             tls: None,
@@ -67,7 +71,7 @@ pub struct WorkerClient {
     inner: Inner,
     /// The same connection without the generated client, for the `RunClosures` stream,
     /// whose messages `frames.rs` frames (see [`Self::open_run_closures`]).
-    raw: InterceptedService<Channel, BearerToken>,
+    raw: InterceptedService<Channel, CallHeaders>,
     callee: Callee,
 }
 

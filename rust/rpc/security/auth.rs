@@ -1,4 +1,4 @@
-//! Bearer-token authentication: the server-side check and the client-side header.
+//! Bearer-token authentication: the server-side check and the client-side headers.
 //!
 //! Every RPC carries `authorization: Bearer <token>`. The server compares SHA-256 digests
 //! of the expected and received header values with a constant-time comparison, so neither
@@ -111,34 +111,50 @@ impl Interceptor for AuthCheck {
     }
 }
 
-/// Client-side interceptor: adds `authorization: Bearer <token>` to every request.
-#[derive(Clone, Default)]
-pub struct BearerToken {
-    value: Option<MetadataValue<Ascii>>,
+/// The `authorization` value for `token`, validated: what [`CallHeaders`] sends.
+pub fn bearer_value(token: &str) -> Result<MetadataValue<Ascii>, String> {
+    validate_token(token)?;
+    format!("Bearer {token}")
+        .parse()
+        .map_err(|e| format!("the auth token is not a valid header value: {e}"))
 }
 
-impl BearerToken {
-    /// A header for `token` (`None`: send no header).
-    pub fn new(token: Option<&str>) -> Result<Self, String> {
-        let value = match token {
-            None => None,
-            Some(t) => {
-                validate_token(t)?;
-                Some(
-                    format!("Bearer {t}")
-                        .parse()
-                        .map_err(|e| format!("the auth token is not a valid header value: {e}"))?,
-                )
+/// Client-side interceptor: adds `authorization: Bearer <token>` and the caller's
+/// session (`jaxcluster-session`, see [`crate::rpc::wire::session`]) to every request.
+#[derive(Clone, Default)]
+pub struct CallHeaders {
+    authorization: Option<MetadataValue<Ascii>>,
+    session: Option<MetadataValue<Ascii>>,
+}
+
+impl CallHeaders {
+    /// Headers for `token` (`None`: no `authorization`) and `session` (`None` or empty:
+    /// the anonymous session, no header).
+    pub fn new(token: Option<&str>, session: Option<&str>) -> Result<Self, String> {
+        let authorization = token.map(bearer_value).transpose()?;
+        let session = match session {
+            None | Some("") => None,
+            Some(id) => {
+                crate::rpc::wire::session::SessionId::new(id)?;
+                Some(id.parse().map_err(|e| format!("session id {id:?}: {e}"))?)
             }
         };
-        Ok(Self { value })
+        Ok(Self {
+            authorization,
+            session,
+        })
     }
 }
 
-impl Interceptor for BearerToken {
+impl Interceptor for CallHeaders {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(value) = &self.value {
+        if let Some(value) = &self.authorization {
             request.metadata_mut().insert(AUTHORIZATION, value.clone());
+        }
+        if let Some(value) = &self.session {
+            request
+                .metadata_mut()
+                .insert(crate::rpc::wire::session::SESSION, value.clone());
         }
         Ok(request)
     }
@@ -190,7 +206,7 @@ mod tests {
 
     #[test]
     fn bearer_token_round_trips_through_the_check() {
-        let mut header = BearerToken::new(Some("tok-123")).unwrap();
+        let mut header = CallHeaders::new(Some("tok-123"), None).unwrap();
         let request = header.call(Request::new(())).unwrap();
         let mut check = AuthCheck::new(Some("tok-123"), Arc::default());
         assert!(check.call(request).is_ok());
@@ -201,6 +217,19 @@ mod tests {
         assert!(validate_token("").unwrap_err().contains("empty"));
         let e = validate_token("has space").unwrap_err();
         assert!(e.contains("' '"), "{e}");
-        assert!(BearerToken::new(Some("tab\there")).is_err());
+        assert!(CallHeaders::new(Some("tab\there"), None).is_err());
+        assert!(CallHeaders::new(Some("ok"), Some("bad session")).is_err());
+    }
+
+    #[test]
+    fn call_headers_carry_the_session_when_there_is_one() {
+        use crate::rpc::wire::session::{SessionId, SESSION};
+        let mut headers = CallHeaders::new(None, Some("abc123")).unwrap();
+        let request = headers.call(Request::new(())).unwrap();
+        let id = SessionId::from_metadata(request.metadata()).unwrap();
+        assert_eq!(id.as_str(), "abc123");
+        let mut anonymous = CallHeaders::new(None, Some("")).unwrap();
+        let request = anonymous.call(Request::new(())).unwrap();
+        assert!(request.metadata().get(SESSION).is_none());
     }
 }

@@ -1,7 +1,8 @@
 //! What crosses the wire and what it means, the same for every client and server: the
 //! framing that never copies an array ([`frames`]), values above the message limit as
 //! chunk sequences ([`chunks`]), the size limits and flow-control windows ([`limits`]),
-//! the names of the protocol's codes and kinds ([`codes`]) and the one mapping between
+//! the names of the protocol's codes and kinds ([`codes`]), the session a call belongs to
+//! ([`session`]) and the one mapping between
 //! `tonic::Status` and [`RpcError`](status::RpcError) ([`status`]).
 //!
 //! Nothing here opens a connection; the client and server rooms do, through this.
@@ -10,4 +11,5 @@ pub mod chunks;
 pub mod codes;
 pub mod frames;
 pub mod limits;
+pub mod session;
 pub mod status;
