@@ -61,3 +61,43 @@ def test_other_block_compiles_and_imports(name: str, body: str) -> None:
     if uses and "tensorflow" not in body:
         assert imports, f"{name} uses {uses.group(1)} but imports nothing from jaxcluster"
     exec("\n".join(imports), {})
+
+
+def _blocks_using(text: str) -> list[tuple[str, str]]:
+    return [(name, body) for name, body in BLOCKS if text in body]
+
+
+def test_a_block_needing_an_extra_says_how_to_install_it() -> None:
+    blocks = _blocks_using("prometheus_client")
+    assert blocks
+    for name, body in blocks:
+        assert "pip install 'jaxcluster[metrics]'" in body, name
+
+
+@pytest.mark.parametrize(
+    ("name", "body"),
+    _blocks_using('logging.getLogger("jaxcluster").setLevel'),
+    ids=[name for name, _ in _blocks_using('logging.getLogger("jaxcluster").setLevel')],
+)
+def test_a_block_that_sets_a_log_level_also_prints_the_records(
+    name: str, body: str, tmp_path: Path
+) -> None:
+    # The library adds only a NullHandler: a level alone prints nothing, so the block must
+    # give the records a handler too. A WARNING from the dispatcher (as on a lost worker)
+    # logged after the block has run must reach stderr.
+    script = tmp_path / "block.py"
+    probe = "lost worker 127.0.0.1:1 (probe from test_docs_examples)"
+    script.write_text(f'{body}\nlogging.getLogger("jaxcluster.dispatch").warning({probe!r})\n')
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, f"{name} failed:\n{done.stderr}"
+    assert f"WARNING jaxcluster.dispatch: {probe}" in done.stderr, name
+
+
+def test_the_observability_page_shows_logging_with_a_handler() -> None:
+    # The block users copy first (it once printed nothing: a level without a handler).
+    assert any(
+        name.startswith("observability.md")
+        for name, _ in _blocks_using('logging.getLogger("jaxcluster").setLevel')
+    )

@@ -2,8 +2,9 @@
 
 Every module of the package whose source holds a ``>>>`` example is imported and its
 doctests run (the public API's examples that need no cluster are written this way; those
-that need one are plain ``Example::`` blocks, and the README's and the docs' longer examples
-run in tests/test_readme.py). A new ``>>>`` example is picked up without editing this file.
+that need one are plain ``Example::`` blocks; the README's longer examples run in
+tests/test_readme.py, the docs pages' in tests/test_docs_examples.py). A new ``>>>`` example
+is picked up without editing this file.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What a TF program ported to jaxcluster relies on (README "Porting from TensorFlow"), on a
+"""What a TF program ported to jaxcluster relies on (docs/porting.md), on a
 real LocalCluster: OutOfRangeError from an exhausted per-worker iterator, bool and pytree
 variables, ``coordinator.strategy``, TF's name for the worker-index function."""
 

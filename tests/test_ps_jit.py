@@ -1,7 +1,7 @@
 """ParameterServerStrategy variables inside ``jax.jit``: reads and updates happen each time
 the compiled function runs (as in a ``tf.function``), on the coordinator and on workers,
-never once at trace time; a wrong shape is caught at trace time; and the README's faster
-pattern (read outside, pass the value in) gives the same training."""
+never once at trace time; a wrong shape is caught at trace time; and the faster
+pattern of docs/parameter_servers.md (read outside, pass the value in) gives the same training."""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 Blocks fenced ```python no-run need a real cluster (Slurm, Kubernetes, a cloud project); they
 are compiled and their import lines run, so a renamed API breaks this test rather than a
-reader.
+reader. The README is a landing page: the longer examples it links to live on the docs
+pages, whose blocks tests/test_docs_examples.py runs (the Observability block among them).
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ def _blocks(kind: str) -> list[str]:
 
 
 def test_readme_has_runnable_examples() -> None:
+    # A quickstart, the coordinator, multi-device hosts, parameter servers, resolvers: at
+    # least three run; a coordinator and resolvers on a real cluster are shown.
     assert len(_blocks("python")) >= 3
-    assert len(_blocks("python no-run")) >= 6
+    assert len(_blocks("python no-run")) >= 2
 
 
 @pytest.mark.parametrize("index", range(len(_blocks("python"))))
@@ -44,31 +47,3 @@ def test_readme_no_run_block_compiles_and_imports(index: int) -> None:
     imports = [line for line in block.splitlines() if line.startswith(("import ", "from "))]
     assert imports, f"README no-run block {index} imports nothing from jaxcluster"
     exec("\n".join(imports), {})
-
-
-def _blocks_using(text: str) -> list[str]:
-    return [block for block in _blocks("python") if text in block]
-
-
-def test_a_block_needing_an_extra_says_how_to_install_it() -> None:
-    blocks = _blocks_using("prometheus_client")
-    assert blocks
-    for block in blocks:
-        assert "pip install 'jaxcluster[metrics]'" in block
-
-
-def test_a_block_that_sets_a_log_level_also_prints_the_records(tmp_path: Path) -> None:
-    # The library adds only a NullHandler: a level alone prints nothing, so the block must
-    # give the records a handler too. A WARNING from the dispatcher (as on a lost worker)
-    # logged after the block has run must reach stderr.
-    blocks = _blocks_using('logging.getLogger("jaxcluster").setLevel')
-    assert blocks
-    for block in blocks:
-        script = tmp_path / "block.py"
-        probe = "lost worker 127.0.0.1:1 (probe from test_readme)"
-        script.write_text(f'{block}\nlogging.getLogger("jaxcluster.dispatch").warning({probe!r})\n')
-        done = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, timeout=240
-        )
-        assert done.returncode == 0, done.stderr
-        assert f"WARNING jaxcluster.dispatch: {probe}" in done.stderr

@@ -1,7 +1,7 @@
 """TF 2.21 ``distribute/cluster_resolver/kubernetes_cluster_resolver_test.py``: every behaviour
 it asserts, asserted against jaxcluster's ``KubernetesClusterResolver``. TF hands in a mock
 client; here the official client talks to a local API server. TF's tasks are the pods'
-``host_ip``; jaxcluster's default is the pod IP (see the README's differences), so these tests
+``host_ip``; jaxcluster's default is the pod IP (see docs/porting.md's differences), so these tests
 pass ``use_host_ip=True`` to compare like with like."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """TF 2.21 ``distribute/cluster_resolver/slurm_cluster_resolver_test.py``: every behaviour it
 asserts, asserted against jaxcluster's ``SlurmClusterResolver``. Its node lists are already in
-name order, so TF's sort and jaxcluster's Slurm order (see the README's differences) agree."""
+name order, so TF's sort and jaxcluster's Slurm order (see docs/porting.md's differences) agree."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def test_several_tasks_per_node_get_their_own_gpus(
         SLURM_STEP_NODELIST=NODES,
     )
     # TF's test starts from CUDA_VISIBLE_DEVICES=''. Here a value that is already set is the
-    # launcher's binding and is kept (README "Differences from TensorFlow"), so the split
+    # launcher's binding and is kept (docs/porting.md, "deliberately differs"), so the split
     # TF computes is checked starting from no value.
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     resolver = SlurmClusterResolver(

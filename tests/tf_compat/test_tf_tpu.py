@@ -82,7 +82,7 @@ def test_project_and_zone_from_metadata(api: FakeTPUServer, metadata: FakeMetada
 
 def test_a_coordinator_needs_its_address(api: FakeTPUServer, metadata: FakeMetadataServer) -> None:
     """TF starts a coordinator on this VM's IP when only coordinator_name is given; jaxcluster
-    asks for the address (see the README's differences)."""
+    asks for the address (see docs/porting.md's differences)."""
     with pytest.raises(ValueError, match="coordinator_address"):
         _resolver(api, ["test-tpu-1"], coordinator_name="coordinator")
 

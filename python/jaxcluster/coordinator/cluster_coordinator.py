@@ -69,9 +69,9 @@ class ClusterCoordinator:
     ``pip install 'jaxcluster[metrics]'``). Events (workers lost, back, given up;
     closures retried) are logged to the ``jaxcluster`` loggers.
 
-    Bounds TF does not have (see "Differences from TensorFlow" in the README), each set by
-    its argument, else by an environment variable, else by its default; ``None`` removes
-    the bound:
+    Bounds TF does not have (see "Where jaxcluster deliberately differs" in
+    docs/porting.md), each set by its argument, else by an environment variable, else by its
+    default; ``None`` removes the bound:
 
     - ``max_closure_retries`` (``JAXCLUSTER_MAX_CLOSURE_RETRIES``, 3): a closure whose
       worker died while running it runs again at most this often, then fails with
