@@ -23,7 +23,7 @@ with a resolver that lists the workers now running: ``SlurmClusterResolver`` des
 the allocation it is made in (``SLURM_*`` of one step), so for steps that come and go
 write their addresses to a shared TF_CONFIG file (as here) or use a
 ``SimpleClusterResolver`` you update; on Kubernetes ``KubernetesClusterResolver`` follows
-Running pods by itself. See README's "Elastic membership".
+Running pods by itself. See "Elastic workers" in docs/coordinator.md.
 
 Run it::
 

@@ -12,7 +12,7 @@ Locally: ``LocalCluster(num_workers=4, hosts_per_slice=2, devices_per_host=2)``,
 of 2 host processes with 2 CPU devices each (gloo collectives between the processes).
 On a real cluster each host runs ``jaxcluster worker --slice-size K ...`` (or
 ``--from-resolver gce_tpu_vm`` on a multi-host TPU VM) and the coordinator is made with
-``ClusterCoordinator(resolver, hosts_per_slice=K)``; see README's "Multi-host slices".
+``ClusterCoordinator(resolver, hosts_per_slice=K)``; see docs/slices.md.
 
 Run it::
 
