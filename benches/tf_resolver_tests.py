@@ -369,14 +369,14 @@ def rewrite(source: str, name: str) -> str:
     return text
 
 
-def write_tree(tf_src: Path, out: Path) -> dict[str, Path]:
-    """The rewritten test files and the shim under ``out``: TF's name -> rewritten file."""
+def write_tree(tf_src: Path, out: Path, files: tuple[str, ...] = TEST_FILES) -> dict[str, Path]:
+    """The rewritten test ``files`` and the shim under ``out``: TF's name -> rewritten file."""
     shim = out / "tfshim"
     shim.mkdir(parents=True, exist_ok=True)
     for filename, body in SHIM.items():
         (shim / filename).write_text(textwrap.dedent(body).lstrip())
     written = {}
-    for rel in TEST_FILES:
+    for rel in files:
         source = tf_src / RESOLVER_DIR / rel
         if not source.is_file():
             raise SystemExit(f"{source} is missing: --tf-src must be a TensorFlow 2.21 checkout")
