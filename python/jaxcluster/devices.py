@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from jaxcluster._native import core
 
@@ -33,9 +33,11 @@ else:
 __all__ = [
     "DeviceLike",
     "DeviceSpec",
+    "LogicalDevice",
     "device_type",
     "device_types",
     "export_platform",
+    "list_logical_devices",
     "tf_device_name",
     "tf_device_names",
     "tpu_device_map",
@@ -101,6 +103,30 @@ def device_types(
 
         devices = jax.devices()
     return [(tf_device_name(device, job), device_type(device)) for device in devices]
+
+
+class LogicalDevice(NamedTuple):
+    """``tf.config.LogicalDevice``: a device's TF-style name and its TF device type."""
+
+    name: str
+    device_type: str
+
+
+def list_logical_devices(device_type: str | None = None) -> list[LogicalDevice]:
+    """This process's JAX devices as ``tf.config.list_logical_devices`` lists them, named
+    ``/job:localhost/replica:0/task:<process>/device:<TYPE>:<id>``; only ``device_type``'s
+    (``'GPU'``, ``'TPU'``, ``'CPU'``) when given. A resolver's ``num_accelerators()`` counts
+    this list, naming ``localhost`` as the resolver's own task. Imports JAX.
+
+    Example::
+
+        list_logical_devices("GPU")
+        # [LogicalDevice(name='/job:localhost/replica:0/task:0/device:GPU:0', device_type='GPU')]
+    """
+    import jax  # deferred: importing JAX costs about a second
+
+    pairs = device_types(jax.local_devices(), job="localhost")
+    return [LogicalDevice(name, kind) for name, kind in pairs if device_type in (None, kind)]
 
 
 def _check_job(job: object) -> None:

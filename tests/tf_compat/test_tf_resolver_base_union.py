@@ -1,18 +1,21 @@
 """TF 2.21 ``distribute/cluster_resolver/cluster_resolver_test.py``: the base class's
 ``num_accelerators``, ``SimpleClusterResolver`` and ``UnionClusterResolver``, asserted against
-jaxcluster. TF's device-listing mocks become fake JAX devices (what jaxcluster counts)."""
+jaxcluster. TF's device-listing mocks become fake JAX devices, or a replaced
+``jaxcluster.devices.list_logical_devices`` (TF's ``tf.config.list_logical_devices``)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import jax
 import pytest
 
-from jaxcluster import ClusterSpec
+from jaxcluster import ClusterSpec, devices
 from jaxcluster.cluster_resolver import (
     ClusterResolver,
     SimpleClusterResolver,
+    TFConfigClusterResolver,
     UnionClusterResolver,
 )
 from support.cluster_defs import assert_cluster_def
@@ -103,6 +106,65 @@ def test_num_accelerators_for_a_task_before_jax_distributed(
     resolver = SpecOnly({"worker": ["a:1", "b:1"]}, task=("worker", 1))
     assert resolver.num_accelerators("worker", 1) == {"GPU": 2}
     assert resolver.num_accelerators("worker", 0) == {}
+
+
+# TF's test of the count replaces tf.config.list_logical_devices with a list of named
+# devices; jaxcluster's twin is jaxcluster.devices.list_logical_devices, which resolvers count.
+TF_DEVICE_LIST = [
+    ("/job:worker1/task:0/device:TPU:0", "TPU"),
+    ("/job:worker1/task:0/device:TPU:1", "TPU"),
+    ("/job:worker1/task:0/device:GPU:0", "GPU"),
+    ("/job:worker1/task:0/device:GPU:1", "GPU"),
+    ("/job:worker2/task:1/device:TPU:2", "TPU"),
+    ("/job:worker2/task:2/device:TPU:3", "TPU"),
+    ("/job:worker2/task:3/device:GPU:2", "GPU"),
+    ("/job:worker2/task:4/device:GPU:3", "GPU"),
+]
+
+
+def _listed(monkeypatch: pytest.MonkeyPatch, pairs: list[tuple[str, str]]) -> None:
+    listed = [devices.LogicalDevice(name, kind) for name, kind in pairs]
+    monkeypatch.setattr(devices, "list_logical_devices", lambda device_type=None: listed)
+
+
+def test_list_logical_devices_names_this_process_localhost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _fake_jax(monkeypatch, [FakeDevice("gpu", 0), FakeDevice("gpu", 1), FakeDevice("cpu", 0)], 1)
+    assert devices.list_logical_devices() == [
+        ("/job:localhost/replica:0/task:0/device:GPU:0", "GPU"),
+        ("/job:localhost/replica:0/task:0/device:GPU:1", "GPU"),
+        ("/job:localhost/replica:0/task:0/device:CPU:0", "CPU"),
+    ]
+    assert [d.name for d in devices.list_logical_devices("CPU")] == [
+        "/job:localhost/replica:0/task:0/device:CPU:0"
+    ]
+
+
+def test_num_accelerators_counts_the_listed_devices_as_tf(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _listed(monkeypatch, [(f"/job:worker/task:0/device:GPU:{i}", "GPU") for i in range(4)])
+    assert SpecOnly().num_accelerators() == {"GPU": 4}
+    _listed(monkeypatch, TF_DEVICE_LIST)
+    resolver = SpecOnly()
+    assert resolver.num_accelerators() == {"TPU": 4, "GPU": 4}
+    assert resolver.num_accelerators(task_type="worker1", task_id=0) == {"TPU": 2, "GPU": 2}
+    assert resolver.num_accelerators(task_type="worker2", task_id=3) == {"GPU": 1}
+    assert resolver.num_accelerators(task_type="worker2", task_id=4) == {"GPU": 1}
+    assert resolver.num_accelerators(task_type="worker2", task_id=0) == {}
+
+
+def test_num_accelerators_of_a_tf_config_task_from_the_listed_devices(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cluster = {"worker1": ["w10:2222"], "worker2": ["w21:2222", "w22:2222"]}
+    tf_config = {"cluster": cluster, "task": {"type": "worker1", "index": "0"}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    _listed(monkeypatch, TF_DEVICE_LIST)
+    resolver = TFConfigClusterResolver()
+    assert resolver.num_accelerators() == {"TPU": 2, "GPU": 2}  # TF_CONFIG's task by default
+    assert resolver.num_accelerators(task_type="worker2", task_id=3) == {"GPU": 1}
 
 
 def test_simple_resolver_keeps_what_it_was_given() -> None:

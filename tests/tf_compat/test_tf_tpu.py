@@ -55,8 +55,9 @@ def _resolver(api: FakeTPUServer, tpu_name: Any, **kw: Any) -> TPUClusterResolve
 
 def test_no_tpu_name_is_a_value_error(metadata: FakeMetadataServer) -> None:
     assert tpu.is_running_in_gce()
-    with pytest.raises(ValueError, match="TPU name"):
+    with pytest.raises(ValueError, match=r"Please provide a TPU Name to connect to.*") as info:
         TPUClusterResolver(tpu="")
+    assert "TPU name, grpc:// or 'local'" in str(info.value)
 
 
 def test_is_running_in_gce(metadata: FakeMetadataServer, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,8 +114,9 @@ def test_unknown_node_is_a_value_error(api: FakeTPUServer) -> None:
         coordinator_name="coordinator",
         coordinator_address="10.128.1.5:10203",
     )
-    with pytest.raises(ValueError, match="nonexistent-tpu"):
+    with pytest.raises(ValueError, match="nonexistent-tpu") as info:
         resolver.cluster_spec()
+    assert "Could not lookup TPU metadata" in str(info.value)  # TF's words, as its test asserts
 
 
 def test_network_endpoints(api: FakeTPUServer) -> None:

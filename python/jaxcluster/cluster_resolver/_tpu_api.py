@@ -123,10 +123,12 @@ class TpuNodeApi:
                 return execute(nodes.get(name=path.split("/", 1)[1]), what)
             return self.api.call("GET", path, what=what, permission="tpu.nodes.get")
         except Exception as exc:
-            # TF raises ValueError for any failed lookup; keep the type, say more.
+            # TF raises ValueError for any failed lookup; keep the type and TF's words (code
+            # and TF's own test match them), say more.
             where = "the service= client" if self._client is not None else self.api.base_url
             raise ValueError(
-                f"Could not look up TPU node {name!r} in project {project!r}, zone {zone!r} "
+                f"Could not lookup TPU metadata: TPU node {name!r} in project {project!r}, "
+                f"zone {zone!r} "
                 f"(Cloud TPU API {self.api_version} at {where}): {exc}"
             ) from exc
 

@@ -160,7 +160,11 @@ def resolve_target(tpu: object) -> TpuTarget:
     if tpu is not None:
         text = _as_text(tpu, "tpu")
         if not text.strip():
-            raise ValueError("tpu is an empty string; expected a TPU name, grpc:// or 'local'")
+            # TF's sentence first: code (and TF's own test) matches it.
+            raise ValueError(
+                "Please provide a TPU Name to connect to: tpu is an empty string; expected a "
+                "TPU name, grpc:// or 'local'"
+            )
         return _classify(text, "the tpu argument")
     for var in TPU_NAME_ENV_VARS:
         value = os.environ.get(var)

@@ -145,12 +145,15 @@ class ClusterResolver(abc.ABC):
         return counts
 
     def _device_names(self, task: tuple[Any, Any] | None) -> list[tuple[str, str]]:
-        """``(TF-style name, device type)`` of this process's devices, or, asked about a
-        ``task``, of every device JAX knows (all processes once ``jax.distributed`` is up;
-        ``ValueError`` when that task is not in the cluster spec)."""
+        """``(TF-style name, device type)`` of this process's devices (as
+        :func:`jaxcluster.devices.list_logical_devices` lists them, ``localhost`` named as
+        this resolver's task), or, asked about a ``task``, of every device JAX knows (all
+        processes once ``jax.distributed`` is up; ``ValueError`` when that task is not in the
+        cluster spec)."""
         import jax  # deferred: importing jax costs a second and resolvers may not need it
 
-        from jaxcluster.devices import device_type
+        from jaxcluster import devices as device_listing
+        from jaxcluster.devices import DeviceSpec, device_type
 
         if task is not None and jax.process_count() > 1:
             order = process_order(self.cluster_spec())
@@ -168,10 +171,18 @@ class ClusterResolver(abc.ABC):
                 )
             tasks = [order[d.process_index] for d in devices]
         else:
-            devices = list(jax.local_devices())
-            own = (self.task_type, self.task_id)
-            task = own if own[0] is not None and own[1] is not None else ("localhost", 0)
-            tasks = [task] * len(devices)
+            job, index = "localhost", 0
+            if self.task_type is not None and self.task_id is not None:
+                job, index = self.task_type, int(self.task_id)
+            names = []
+            # Looked up on the module at each call: it is the one listing of this process's
+            # devices (and what TF's tests replace, as they replace tf.config's).
+            for device in device_listing.list_logical_devices():
+                spec = DeviceSpec.from_string(device.name)
+                if spec.job == "localhost":
+                    spec = spec.replace(job=job, task=index)
+                names.append((spec.to_string(), device.device_type))
+            return names
         return [
             (f"/job:{job}/replica:0/task:{index}/device:{device_type(d)}:{d.id}", device_type(d))
             for d, (job, index) in zip(devices, tasks, strict=True)

@@ -119,10 +119,12 @@ class GCEClusterResolver(ClusterResolver):
     def task_type(self, task_type: str | None) -> None:
         # As TF: the job name is part of what this resolver resolves (a UnionClusterResolver
         # merges by it), so changing it afterwards would silently move the group's tasks.
+        # TF's sentence first: code (and TF's own test) matches it.
         raise RuntimeError(
-            f"the task_type of a GCEClusterResolver is the name of its instance group's job "
-            f"({self._job!r}) and cannot be changed after it is made (tried "
-            f"{task_type!r}); make a new GCEClusterResolver(..., task_type={task_type!r})"
+            "You cannot reset the task_type of the GCEClusterResolver after it has been "
+            f"created. It is the name of the instance group's job ({self._job!r}) and cannot "
+            f"be changed (tried {task_type!r}); make a new "
+            f"GCEClusterResolver(..., task_type={task_type!r})"
         )
 
     @property

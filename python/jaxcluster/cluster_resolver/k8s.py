@@ -226,8 +226,10 @@ class KubernetesClusterResolver(ClusterResolver):
                 raise RuntimeError(
                     f"The {where} has no status.phase yet; it is still being created."
                 )
+            # TF's sentence first: code (and TF's own test) matches it.
             raise RuntimeError(
-                f"The {where} is not running: its phase is {pod.phase!r}, expected 'Running'. "
+                f'Pod "{pod.name}" is not running; phase: "{pod.phase}". The {where} is in '
+                f"phase {pod.phase!r}, expected 'Running'. "
                 "Every pod a selector matches must be running before the cluster can be "
                 "resolved; wait for it, or narrow the selector."
             )
