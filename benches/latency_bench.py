@@ -48,6 +48,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 WORKERS = 2
 IN_FLIGHT_CG = 8  # Ray compiled graphs bound executions in flight; 8 is what issue 26 used
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -173,6 +175,19 @@ class RayChild:
 # ---------------------------------------------------------------------------- jaxcluster side
 
 
+def echo_rep(port: int, n_serial: int) -> dict:
+    """The floor: serial round trips of 16 bytes over a TCP echo between two Python
+    processes (one wake-up each way, no framing, no queue)."""
+    from tcp_echo import EchoClient
+
+    client = EchoClient(port)
+    payload = bytes(16)
+    try:
+        return serial(lambda i: client.round_trip(payload), n_serial)
+    finally:
+        client.close()
+
+
 def jaxcluster_rep(coordinator: Any, n_serial: int, n_many: int) -> dict:
     """One repetition: serial round trips, then closures/s with ``n_many`` in flight."""
     result = serial(lambda i: coordinator.schedule(add_one, args=(i,)).fetch(), n_serial)
@@ -264,31 +279,35 @@ def perf_sched(coordinator: Any, pids: dict[str, int], n: int, folder: str) -> d
     os.mkfifo(ctl_path)
     os.mkfifo(ack_path)
     command = ["perf", "sched", "record", "-a", "-D", "-1", "-o", path]
-    command += ["--control", f"fifo:{ctl_path},{ack_path}", "--", "sleep", "600"]
+    command += ["--control", f"fifo:{ctl_path},{ack_path}"]
     try:
         perf = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:
         return None
-    deadline = time.monotonic() + 20
-    ack = os.open(ack_path, os.O_RDONLY | os.O_NONBLOCK)
-    ctl = None
-    while ctl is None and perf.poll() is None and time.monotonic() < deadline:
-        try:
-            ctl = os.open(ctl_path, os.O_WRONLY | os.O_NONBLOCK)
-        except OSError:  # perf has not opened its end yet
-            time.sleep(0.01)
+    ack = ctl = None
     try:
+        deadline = time.monotonic() + 20
+        ack = os.open(ack_path, os.O_RDONLY | os.O_NONBLOCK)
+        while ctl is None and perf.poll() is None and time.monotonic() < deadline:
+            try:
+                ctl = os.open(ctl_path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # perf has not opened its end yet
+                time.sleep(0.01)
         if ctl is None or not _perf_command(ctl, ack, b"enable", deadline):
             return None
         for i in range(n):
             coordinator.schedule(add_one, args=(i,)).fetch()
         _perf_command(ctl, ack, b"disable", time.monotonic() + 20)
-    finally:
+    finally:  # never leave a system-wide recorder running
         perf.send_signal(signal.SIGINT)
-        perf.wait(timeout=60)
-        os.close(ack)
-        if ctl is not None:
-            os.close(ctl)
+        try:
+            perf.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            perf.kill()
+            perf.wait()
+        for fd in (ack, ctl):
+            if fd is not None:
+                os.close(fd)
     lines = subprocess.run(
         ["perf", "sched", "timehist", "-w", "-i", path],
         capture_output=True,
@@ -417,6 +436,13 @@ def report(reps: list[dict], ray_version: str | None) -> None:
         if ray_version:
             cells += [spread([r["cg"][key] for r in reps]), spread([r["task"][key] for r in reps])]
         print(f"{label:<18}" + "".join(f"{cell:>26}" for cell in cells))
+    for key in ("p50_us", "p99_us"):
+        echo = [r["echo"][key] for r in reps]
+        ratios = [r["jc"][key] / r["echo"][key] for r in reps]
+        print(
+            f"TCP echo of 16 bytes between 2 Python processes, {key[:-3]}: {spread(echo)} us;"
+            f" jaxcluster / echo: median {statistics.median(ratios):.2f}"
+        )
     if ray_version:
         for key in ("p50_us", "p99_us", "mean_us"):
             ratios = [r["jc"][key] / r["cg"][key] for r in reps]
@@ -489,17 +515,23 @@ def main() -> int:
     if args.ray_child:
         return ray_child()
     from jaxcluster import LocalCluster
+    from tcp_echo import EchoServer
 
     print(f"load average at start: {os.getloadavg()}, cores: {os.cpu_count()}")
     ray = RayChild(args.ray_python) if args.ray_python else None
     reps: list[dict] = []
     hops: list[dict[str, float]] = []
     try:
-        with LocalCluster(WORKERS) as cluster, cluster.coordinator() as coordinator:
+        with (
+            EchoServer() as port,
+            LocalCluster(WORKERS) as cluster,
+            cluster.coordinator() as coordinator,
+        ):
             pids = {"coordinator": os.getpid()}
             pids.update({f"worker {i}": cluster.worker_pid(i) for i in range(WORKERS)})
             for rep in range(args.reps):
                 row = {"jc": jaxcluster_rep(coordinator, args.n, args.many)}
+                row["echo"] = echo_rep(port, args.n)
                 if ray is not None:
                     row.update(ray.run(args.n, args.many))
                 hops.append(hop_profile(coordinator, args.n // 2))
