@@ -16,6 +16,9 @@ task, in interleaved repetitions of the same run: sequential schedule -> fetch r
 - idle CPU of the coordinator and of each worker over 5 s with nothing scheduled
   (``/proc/<pid>/stat`` ticks, and wake-ups/s from the context switches; Linux only).
 
+A TCP echo of 16 bytes between two Python processes (``tcp_echo.py``) runs in the same
+repetitions: the floor of a round trip with one wake-up each way.
+
 Ray is never a dependency of jaxcluster: it runs in a virtualenv of its own, as a child
 process (this same file with ``--ray-child``) that answers in JSON. Make that virtualenv
 once::
@@ -25,6 +28,8 @@ once::
 then::
 
     python benches/latency_bench.py --ray-python /work/venv-ray/bin/python
+    python benches/latency_bench.py --ray-python /work/venv-ray/bin/python --perf  # root:
+        # also who wakes whom per round trip and each thread's scheduling delay (perf sched)
     python benches/latency_bench.py                   # jaxcluster only (Ray skipped)
     python benches/latency_bench.py --reps 5 -n 3000
 
