@@ -64,6 +64,7 @@ bench-python: ## Python-side ratios vs pure-Python / grpcio references (needs a 
 	$(PYTHON) benches/device_bench.py
 	$(PYTHON) benches/coordinator_bench.py
 	$(PYTHON) benches/ps_bench.py
+	$(PYTHON) benches/latency_bench.py  # add --ray-python PATH for Ray beside it (docs/benchmarks.md)
 
 $(BUILD_PY):
 	$(PYTHON) -m venv $(BUILD_VENV)
