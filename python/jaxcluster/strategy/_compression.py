@@ -1,6 +1,6 @@
-"""How ``Optimizer.apply_gradients`` sends a gradient compressed, and the error feedback
-that keeps on the caller what compression dropped, to add it to the next update.
+"""Compressed gradients for ``Optimizer.apply_gradients``, and their error feedback.
 
+Error feedback keeps on the caller what compression dropped, to add it to the next update.
 One owner for the wire formats of a compressed gradient (bfloat16; int8 with one scale per
 shard, ``max|g| / 127``) and for what the ps makes of them again (``decompressed``, the
 same widening as ``rust/ps/optim/compress.rs``), so a residual is exactly the part of the

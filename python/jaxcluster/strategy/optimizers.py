@@ -15,6 +15,8 @@ Example::
     opt = Adam(learning_rate=ExponentialDecay(1e-3, decay_steps=100, decay_rate=0.9))
     opt.apply_gradients([(np.ones(3, np.float32), w)])      # TF's (grad, var) pairs
     opt.apply_gradients({"w": grad}, {"w": w})               # or two matching pytrees
+    residual = opt.apply_gradients({"w": grad}, {"w": w}, compression="int8",
+                                   error_feedback=True)     # int8, dropped part kept here
 """
 
 from __future__ import annotations
