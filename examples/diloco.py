@@ -235,11 +235,15 @@ def run_diloco(
                 killed.remove(worker)
         if rnd == kill_at and c.local is not None:
             dead = [i for i in range(WORKERS) if c.local.worker_pid(i) is None]
+            restarting = time.perf_counter()
             for worker in dead:
                 c.local.restart_worker(worker)
                 wait_until_up(coordinator, worker)
             killed += dead
-            print(f"  {variant}: round {rnd}: worker(s) {dead} SIGKILLed mid-round, restarted")
+            print(
+                f"  {variant}: round {rnd}: worker(s) {dead} SIGKILLed mid-round, restarted "
+                f"(up again after {time.perf_counter() - restarting:.1f} s)"
+            )
     wall = time.perf_counter() - started
     written, read = ps_bytes(addresses, c.auth_token)
     final = {k: np.asarray(v.read_value()) for k, v in params.items()}
