@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 
@@ -37,8 +37,11 @@ def cluster(
         yield Cluster(c.resolver, c.auth_token, c)
 
 
-def parse_args(doc: str | None) -> argparse.Namespace:
-    """``--small``: the size CI runs in seconds (also ``JAXCLUSTER_EXAMPLES_SMALL=1``)."""
+def parse_args(
+    doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+) -> argparse.Namespace:
+    """``--small``: the size CI runs in seconds (also ``JAXCLUSTER_EXAMPLES_SMALL=1``);
+    ``add_arguments(parser)`` adds an example's own flags."""
     parser = argparse.ArgumentParser(
         description=(doc or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -46,6 +49,8 @@ def parse_args(doc: str | None) -> argparse.Namespace:
     parser.add_argument(
         "--small", action="store_true", help="a few seconds on a LocalCluster (what CI runs)"
     )
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args()
     args.small = args.small or os.environ.get("JAXCLUSTER_EXAMPLES_SMALL") == "1"
     return args

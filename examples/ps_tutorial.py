@@ -10,11 +10,13 @@ What it shows, step by step as in the tutorial:
 3. A per-worker dataset (``create_per_worker_dataset``; each worker builds its own shard
    from ``get_current_worker_index()``, TF's ``input_context``).
 4. A training step scheduled with ``coordinator.schedule`` and waited for with ``join``;
-   the step runs plain JAX on the worker and applies SGD with ``variable.assign_sub``.
-   TF's tutorial uses RMSprop: optimizers whose slots live on the ps tasks are planned;
-   today keep the update rule in the step (SGD), or keep optimizer state on the workers.
+   the step runs plain JAX on the worker and sends its gradients to the tutorial's
+   optimizer, ``RMSprop`` (``jaxcluster.strategy.optimizers``, Keras's arguments): each ps
+   task applies the update to its variables and their slots (RMSprop's ``velocity``,
+   beside each variable and split with the kernel) atomically, as TF's ps does.
 5. Evaluation with an inline loop on the coordinator, and a checkpoint with
-   ``strategy.save`` / ``strategy.restore`` (TF: ``tf.train.Checkpoint``).
+   ``strategy.save`` / ``strategy.restore`` (TF: ``tf.train.Checkpoint(model=...,
+   optimizer=...)``): the optimizer's slots and step counts are saved with the variables.
 
 Run it::
 
@@ -35,8 +37,10 @@ import numpy as np
 from _cluster import cluster, parse_args
 from jaxcluster.coordinator import ClusterCoordinator, get_current_worker_index
 from jaxcluster.strategy import MinSizePartitioner, ParameterServerStrategy
+from jaxcluster.strategy.optimizers import RMSprop
 
 FEATURES, HIDDEN = 16, 64
+LEARNING_RATE = 0.01  # TF's tutorial has 0.1 for its 1-unit model; this one is larger
 TRUE_W = np.random.default_rng(42).normal(size=FEATURES).astype(np.float32)
 
 
@@ -80,6 +84,10 @@ def main() -> None:
         with strategy.scope():
             params = {k: strategy.Variable(v, name=k) for k, v in init.items()}
         print(f"kernel shards: {len(params['kernel'].shards)} over {strategy.num_ps} ps tasks")
+        # TF's tutorial: RMSprop(learning_rate=0.1) on the ps. ``build`` makes its slots now
+        # (else the first update does), so the checkpoint below holds them either way.
+        optimizer = RMSprop(learning_rate=LEARNING_RATE)
+        optimizer.build(params, strategy)
         coordinator = ClusterCoordinator(strategy)
 
         # 3. The per-worker dataset: each worker reads its own shard, repeated.
@@ -91,13 +99,13 @@ def main() -> None:
 
         per_worker_iterator = iter(coordinator.create_per_worker_dataset(dataset_fn))
 
-        # 4. The step: read the variables, compute gradients in JAX, apply SGD on the ps.
+        # 4. The step: read the variables, compute gradients in JAX, send them to RMSprop,
+        # which the ps tasks apply (TF: optimizer.apply_gradients(zip(grads, variables))).
         def step_fn(iterator):
             x, y = next(iterator)
             values = {k: jnp.asarray(v.read_value()) for k, v in params.items()}
             loss, grads = jax.value_and_grad(loss_fn)(values, x, y)
-            for k, g in grads.items():
-                params[k].assign_sub(0.1 * np.asarray(g))
+            optimizer.apply_gradients(grads, params)
             return loss
 
         x_eval, y_eval = make_data(seed=999, n=1024)
@@ -123,14 +131,20 @@ def main() -> None:
                 f"accuracy {accuracy:.3f}"
             )
 
-        # 5. Checkpoint, clobber, restore.
+        # 5. Checkpoint, clobber, restore: the variables with RMSprop's slots and counts.
+        steps = optimizer.iterations(params["kernel"])
         with tempfile.TemporaryDirectory() as directory:
             path = os.path.join(directory, "tutorial.ckpt")
             strategy.save(path)
             saved = params["kernel"].read_value()
             params["kernel"].assign(np.zeros_like(saved))
+            optimizer.apply_gradients(
+                {k: np.ones(v.shape, np.float32) for k, v in params.items()}, params
+            )
             strategy.restore(path)
             restored = np.array_equal(params["kernel"].read_value(), saved)
+            restored = restored and optimizer.iterations(params["kernel"]) == steps
+        print(f"RMSprop steps on the ps: {steps}")
         print(f"checkpoint restored: {restored}")
         final_loss, accuracy = evaluate()
         print(f"RESULT eval loss {first_loss:.4f} -> {final_loss:.4f}, accuracy {accuracy:.3f}")

@@ -3,6 +3,7 @@ prints what it claims: a loss that went down, trials counted, workers that came 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -14,11 +15,11 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def run_example(name: str, timeout: float = 240) -> str:
+def run_example(name: str, timeout: float = 240, extra: tuple[str, ...] = ()) -> str:
     env = {**os.environ, "JAXCLUSTER_EXAMPLES_SMALL": "1"}
     env.pop("JAXCLUSTER_ENVIRONMENT", None)  # always the LocalCluster
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / name), "--small"],
+        [sys.executable, str(EXAMPLES / name), "--small", *extra],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -47,6 +48,7 @@ def test_every_example_has_a_docstring_saying_how_to_run_it() -> None:
     programs = sorted(p.name for p in EXAMPLES.glob("*.py") if not p.name.startswith("_"))
     assert programs == [
         "device_state.py",
+        "diloco.py",
         "elastic_slurm.py",
         "eval_sidecar.py",
         "multislice.py",
@@ -63,6 +65,7 @@ def test_every_example_has_a_docstring_saying_how_to_run_it() -> None:
 def test_ps_tutorial_trains_shards_and_restores_a_checkpoint() -> None:
     output = run_example("ps_tutorial.py")
     assert "kernel shards: 2 over 2 ps tasks" in output
+    assert "RMSprop steps on the ps: 30" in output  # 3 epochs x 10 steps, counted on the ps
     assert "checkpoint restored: True" in output
     line = result_line(output)
     loss_went_down(line, 0.9)
@@ -121,3 +124,32 @@ def test_eval_sidecar_evaluates_inline_and_from_checkpoints() -> None:
     assert match, output
     assert float(match.group(3)) < 0.5 * float(match.group(1)), output
     assert float(inline[-1][1]) == pytest.approx(float(sidecar[-1][1]), rel=1e-4)
+
+
+@pytest.mark.timeout(420)
+def test_diloco_matches_sync_dp_with_a_quarter_of_the_bytes_through_a_worker_kill(
+    tmp_path: Path,
+) -> None:
+    summary_path = tmp_path / "summary.json"
+    output = run_example(
+        "diloco.py",
+        timeout=400,
+        extra=("--kill-worker-at-round", "2", "--json", str(summary_path)),
+    )
+    summary = json.loads(summary_path.read_text())
+    runs = summary["runs"]
+    assert summary["headline"] == "int8+ef"
+    # The headline DiLoCo run (int8 with error feedback, a worker SIGKILLed mid-round)
+    # ends within 2% of synchronous data parallelism on the same examples.
+    assert abs(summary["loss_gap_vs_sync_dp"]) <= 0.02, output
+    assert runs["int8+ef"]["loss"] == pytest.approx(runs["sync_dp"]["loss"], rel=0.02)
+    assert runs["int8+ef"]["killed_and_resynced"] is True, output
+    assert re.search(r"round 2: worker\(s\) \[\d\] SIGKILLed mid-round, restarted", output)
+    assert re.search(r"worker \d re-synced from the ps at round \d+", output), output
+    # Pseudo-gradients as int8 take at most a quarter of fp32's bytes on the wire.
+    assert summary["int8_over_fp32_bytes_per_outer_step"] <= 0.25
+    assert runs["fp32"]["pseudo_gradient_bytes_per_outer_step"] > 0
+    # Talking every H steps: far fewer bytes per example than averaging every step.
+    assert runs["int8+ef"]["bytes_per_example"] < runs["sync_dp"]["bytes_per_example"] / 4
+    assert all(run["wall_s"] > 0 for run in runs.values())
+    assert "RESULT DiLoCo (int8+ef) loss" in result_line(output)

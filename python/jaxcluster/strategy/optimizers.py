@@ -15,6 +15,8 @@ Example::
     opt = Adam(learning_rate=ExponentialDecay(1e-3, decay_steps=100, decay_rate=0.9))
     opt.apply_gradients([(np.ones(3, np.float32), w)])      # TF's (grad, var) pairs
     opt.apply_gradients({"w": grad}, {"w": w})               # or two matching pytrees
+    residual = opt.apply_gradients({"w": grad}, {"w": w}, compression="int8",
+                                   error_feedback=True)     # int8, dropped part kept here
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 
 from jaxcluster import errors
 from jaxcluster._native import core
-from jaxcluster.strategy import _optimizer_state
+from jaxcluster.strategy import _compression, _optimizer_state
 from jaxcluster.strategy.variables import ParameterServerVariable
 
 __all__ = [
@@ -111,7 +113,10 @@ def _schedule_fields(learning_rate: Schedule) -> dict[str, Any]:
     return {"schedule": "constant", "initial": float(learning_rate)}
 
 
-def _pairs(grads: Any, variables: Any) -> list[tuple[Any, ParameterServerVariable]]:
+def _pairs(grads: Any, variables: Any) -> tuple[list[tuple[Any, ParameterServerVariable]], Any]:
+    """The ``(grad, variable)`` pairs, and the variables' treedef for the pytree form (for
+    returning a residual shaped like them; ``None`` for TF's list of pairs)."""
+    treedef = None
     if variables is None:
         pairs = list(grads)
     else:
@@ -121,26 +126,13 @@ def _pairs(grads: Any, variables: Any) -> list[tuple[Any, ParameterServerVariabl
         paired = jax.tree.map(lambda v, g: (g, v), variables, grads, is_leaf=is_var)
         is_pair = lambda x: isinstance(x, tuple) and len(x) == 2 and is_var(x[1])  # noqa: E731
         pairs = jax.tree.leaves(paired, is_leaf=is_pair)
+        treedef = jax.tree.structure(variables, is_leaf=is_var)
     for _, variable in pairs:
         if not isinstance(variable, ParameterServerVariable):
             raise TypeError(
                 f"apply_gradients updates ps variables; got a {type(variable).__name__}"
             )
-    return pairs
-
-
-def _compress(piece: np.ndarray, compression: str | None) -> tuple[np.ndarray, float]:
-    """``piece`` as sent: unchanged, bfloat16, or int8 with its scale."""
-    if compression == "bf16":
-        import ml_dtypes
-
-        return piece.astype(ml_dtypes.bfloat16), 0.0
-    if compression == "int8":
-        top = float(np.max(np.abs(piece))) if piece.size else 0.0
-        scale = top / 127.0 if top > 0 and np.isfinite(top) else 1.0
-        quantized = np.clip(np.rint(piece.astype(np.float64) / scale), -127, 127)
-        return quantized.astype(np.int8), scale
-    return piece, 0.0
+    return pairs, treedef
 
 
 class Optimizer:
@@ -194,8 +186,13 @@ class Optimizer:
                 strategy._adopt(count)
 
     def apply_gradients(
-        self, grads_and_vars: Any, variables: Any = None, *, compression: str | None = None
-    ) -> None:
+        self,
+        grads_and_vars: Any,
+        variables: Any = None,
+        *,
+        compression: str | None = None,
+        error_feedback: Any = None,
+    ) -> Any:
         """Applies one update per variable on its ps tasks.
 
         Either TF's ``apply_gradients([(grad, var), ...])`` or JAX's two matching pytrees,
@@ -204,23 +201,51 @@ class Optimizer:
         ``compression="bf16"`` sends gradients as bfloat16, ``"int8"`` as int8 with one
         scale per shard (``max|g| / 127``); the ps widens them back before the update.
 
-        Example: ``opt.apply_gradients(grads, params, compression="bf16")``
+        ``error_feedback`` (with a compression) keeps what compression dropped on the
+        caller and adds it to the next gradient, so that the updates applied add up to the
+        gradients given: pass ``True`` the first time, then the residual the previous call
+        returned (state passed explicitly, as optax's). It returns the new residual, shaped
+        like ``variables`` (a list in pair order for TF's form); without it, ``None``.
+        Keep the residual where the caller lives: e.g. in a worker's per-worker state.
+
+        Example::
+
+            opt.apply_gradients(grads, params, compression="bf16")
+            residual = opt.apply_gradients(grads, params, compression="int8", error_feedback=True)
+            residual = opt.apply_gradients(grads2, params, compression="int8",
+                                           error_feedback=residual)
         """
-        if compression not in (None, "bf16", "int8"):
-            raise ValueError(f"compression is None, 'bf16' or 'int8'; got {compression!r}")
-        for grad, variable in _pairs(grads_and_vars, variables):
-            array = variable._coerce(grad, "apply_gradients")
+        _compression.check(compression, error_feedback)
+        pairs, treedef = _pairs(grads_and_vars, variables)
+        arrays = [variable._coerce(grad, "apply_gradients") for grad, variable in pairs]
+        residuals = _compression.initial_residuals(error_feedback, arrays, treedef)
+        left: list[np.ndarray] = []
+        for index, (array, (_, variable)) in enumerate(zip(arrays, pairs, strict=True)):
+            if residuals is not None:
+                array = array + residuals[index]
+                left.append(np.empty_like(array))
             for shard in variable.shards:
-                piece, scale = _compress(variable._piece(array, shard), compression)
+                piece = variable._piece(array, shard)
+                sent, scale = _compression.compress(piece, compression)
                 variable._call(
                     shard,
                     "apply_update",
                     shard.key,
                     self._name,
                     self._spec,
-                    piece,
+                    sent,
                     gradient_scale=scale,
                 )
+                if residuals is not None:
+                    kept = variable._piece(left[index], shard)
+                    kept[...] = piece - _compression.decompressed(sent, scale, piece.dtype)
+        if residuals is None:
+            return None
+        if treedef is None:
+            return left
+        import jax
+
+        return jax.tree.unflatten(treedef, left)
 
     def iterations(self, variable: ParameterServerVariable) -> int:
         """Updates this optimizer applied to ``variable`` (its first shard)."""
