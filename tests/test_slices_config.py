@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +120,35 @@ def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     worker_main.add_arguments(parser)
     return parser.parse_args(argv)
+
+
+def test_a_refresh_changes_whole_slices_and_ignores_a_partial_list(tmp_path: Path) -> None:
+    from jaxcluster.cluster_resolver import TFConfigClusterResolver
+
+    config = tmp_path / "tf_config.json"
+
+    def write(hosts: list[str]) -> None:
+        config.write_text(json.dumps({"cluster": {"worker": hosts}}))
+
+    more = [f"10.0.1.{i}:8470" for i in range(3)]
+    write(HOSTS[:3])
+    resolver = TFConfigClusterResolver(tf_config_file=config)
+    # A period that never comes: each refresh below is run by hand.
+    with ClusterCoordinator(
+        resolver, hosts_per_slice=3, connect_timeout=1.0, refresh_interval=3600.0
+    ) as c:
+        refresher = c._refresher
+        assert refresher is not None
+        write(HOSTS + more[:2])  # a slice and two hosts of the next
+        with pytest.raises(ValueError, match="not a multiple of hosts_per_slice=3"):
+            refresher.refresh()
+        assert c.slices == [HOSTS[:3]]  # nothing changed: half a slice is never added
+        write(HOSTS + more)
+        refresher.refresh()
+        assert c.slices == [HOSTS[:3], HOSTS[3:], more]
+        write(HOSTS[:3] + more)  # the second slice's hosts are gone
+        refresher.refresh()
+        assert [w.state == "removed" for w in c.workers] == [False, True, False]
 
 
 def test_slices_to_add_takes_whole_slices_only() -> None:
