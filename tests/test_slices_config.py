@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+from pathlib import Path
 
 import pytest
 
 from jaxcluster import LocalCluster
 from jaxcluster._task_process import TaskSetupError
 from jaxcluster.coordinator import ClusterCoordinator
-from jaxcluster.coordinator.slices import group_slices, slices_argument
+from jaxcluster.coordinator.slices import group_slices, slices_argument, slices_to_add
 from jaxcluster.worker import main as worker_main
 from jaxcluster.worker import slice_flags
 from jaxcluster.worker.slice import SliceConfig, SliceHost, gather_output
@@ -66,20 +67,46 @@ def test_coordinator_refuses_what_slices_cannot_do() -> None:
         ClusterCoordinator(
             slices=None, strategy=None, cluster_resolver=_resolver(HOSTS), hosts_per_slice=4
         )
-    with pytest.raises(ValueError, match="refresh_interval is not supported with multi-host"):
-        ClusterCoordinator(_resolver(HOSTS), hosts_per_slice=2, refresh_interval=5.0)
     with pytest.raises(ValueError, match=r"slices of \[2\] hosts but hosts_per_slice=3"):
         ClusterCoordinator(slices=[HOSTS[:2], HOSTS[2:4]], hosts_per_slice=3)
 
 
-def test_a_sliced_coordinator_talks_to_rank_zero_and_refuses_elastic_changes() -> None:
+def test_a_sliced_coordinator_talks_to_rank_zero_and_changes_whole_slices() -> None:
     with ClusterCoordinator(_resolver(HOSTS), hosts_per_slice=3, connect_timeout=1.0) as c:
         assert c.slices == [HOSTS[:3], HOSTS[3:]]
         assert [w["address"] for w in c.workers] == [HOSTS[0], HOSTS[3]]
-        with pytest.raises(ValueError, match="add_workers is not supported with multi-host"):
-            c.add_workers(["10.0.0.9:8470"])
-        with pytest.raises(ValueError, match="remove_workers is not supported with multi-host"):
-            c.remove_workers([0])
+        extra = [f"10.0.1.{i}:8470" for i in range(7)]
+        with pytest.raises(
+            ValueError,
+            match=r"2 addresses are not whole slices of hosts_per_slice=3 hosts "
+            r"\(10\.0\.1\.0:8470, 10\.0\.1\.1:8470 would be part of a slice\)",
+        ):
+            c.add_workers(extra[:2])
+        with pytest.raises(ValueError, match="has 2 hosts, but this coordinator's slices have"):
+            c.add_workers([extra[:2]])
+        with pytest.raises(ValueError, match="already serve this coordinator as a host"):
+            c.add_workers([extra[0], extra[1], HOSTS[4]])
+        assert len(c.workers) == 2  # nothing was added
+        # A flat list of whole slices (each 3 in a row), or a list of slices.
+        assert c.add_workers(extra[:6]) == [2, 3]
+        assert c.add_workers([[extra[6], "10.0.2.1:8470", "10.0.2.2:8470"]]) == [4]
+        assert [w["address"] for w in c.workers] == [
+            HOSTS[0],
+            HOSTS[3],
+            extra[0],
+            extra[3],
+            extra[6],
+        ]
+        assert c.slices[3] == extra[3:6]
+        # Naming any host of a slice removes the whole slice.
+        c.remove_workers(HOSTS[4])
+        assert c.workers[1].state == "removed"
+        with pytest.raises(ValueError, match="no worker of this coordinator is at"):
+            c.remove_workers(HOSTS[5])  # its slice has left already
+        assert c.slices[1] == HOSTS[3:]
+        # It joins again whole, under a new index.
+        assert c.add_workers(HOSTS[3:]) == [5]
+        assert c.slices[5] == HOSTS[3:]
 
 
 def _resolver(hosts: list[str]) -> object:
@@ -93,6 +120,47 @@ def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     worker_main.add_arguments(parser)
     return parser.parse_args(argv)
+
+
+def test_a_refresh_changes_whole_slices_and_ignores_a_partial_list(tmp_path: Path) -> None:
+    from jaxcluster.cluster_resolver import TFConfigClusterResolver
+
+    config = tmp_path / "tf_config.json"
+
+    def write(hosts: list[str]) -> None:
+        config.write_text(json.dumps({"cluster": {"worker": hosts}}))
+
+    more = [f"10.0.1.{i}:8470" for i in range(3)]
+    write(HOSTS[:3])
+    resolver = TFConfigClusterResolver(tf_config_file=config)
+    # A period that never comes: each refresh below is run by hand.
+    with ClusterCoordinator(
+        resolver, hosts_per_slice=3, connect_timeout=1.0, refresh_interval=3600.0
+    ) as c:
+        refresher = c._refresher
+        assert refresher is not None
+        write(HOSTS + more[:2])  # a slice and two hosts of the next
+        with pytest.raises(ValueError, match="not a multiple of hosts_per_slice=3"):
+            refresher.refresh()
+        assert c.slices == [HOSTS[:3]]  # nothing changed: half a slice is never added
+        write(HOSTS + more)
+        refresher.refresh()
+        assert c.slices == [HOSTS[:3], HOSTS[3:], more]
+        write(HOSTS[:3] + more)  # the second slice's hosts are gone
+        refresher.refresh()
+        assert [w.state == "removed" for w in c.workers] == [False, True, False]
+
+
+def test_slices_to_add_takes_whole_slices_only() -> None:
+    assert slices_to_add(HOSTS[:4], 2) == [HOSTS[:2], HOSTS[2:4]]
+    assert slices_to_add([HOSTS[:3], HOSTS[3:]], None) == [HOSTS[:3], HOSTS[3:]]
+    assert slices_to_add([], 2) == []
+    with pytest.raises(ValueError, match="slices differ in size"):
+        slices_to_add(HOSTS[:2], None)
+    with pytest.raises(ValueError, match="expected a multiple of 2 addresses"):
+        slices_to_add(HOSTS[:3], 2)
+    with pytest.raises(ValueError, match=r"add_workers\(\): .* appears in more than one place"):
+        slices_to_add([HOSTS[:2], HOSTS[1:3]], 2)
 
 
 def test_slice_flags_default_from_the_task_index() -> None:

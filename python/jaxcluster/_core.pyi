@@ -901,13 +901,16 @@ class WorkerClient:
         *,
         closure_id: int = 0,
         timeout: float | None = None,
+        worker_index: int | None = None,
     ) -> dict[str, Any]:
         """Runs a registered function on pickled ``(args, kwargs)``. Returns
         ``{"closure_id", "value", "buffers", "error"}``: ``value``/``buffers`` (``Buffer``
         objects) hold the pickled result, or ``error`` is the :class:`ClosureError` the
         worker reported (its ``worker`` is this client's address). ``timeout=None`` waits as
         long as the closure runs. A request above ``max_message_bytes`` goes in chunks
-        (protocol revision 4)."""
+        (protocol revision 4). ``worker_index``: what ``get_current_worker_index()`` says
+        in the closure (default: the worker's ``--index``; a slice's rank 0 passes on the
+        coordinator's to its peers)."""
 
     def create_resource(
         self,
@@ -917,10 +920,11 @@ class WorkerClient:
         buffers: Sequence[_BytesLike] = ...,
         *,
         timeout: float | None = None,
+        worker_index: int | None = None,
     ) -> dict[str, Any]:
         """Runs a registered function and keeps its result on the worker under
         ``resource_id``. Returns ``{"resource_id", "error"}`` (``error`` as in
-        :meth:`run_closure`, or None)."""
+        :meth:`run_closure`, or None); ``worker_index`` as in :meth:`run_closure`."""
 
     def release_resource(self, resource_ids: Sequence[int], *, timeout: float | None = None) -> int:
         """Drops resources on the worker; returns how many it held."""
@@ -1264,11 +1268,13 @@ class Dispatcher:
         ``worker_last_error``), how old that answer is (``status_age_seconds``) and, while
         up, ``uptime_seconds`` carried forward to now."""
 
-    def add_workers(self, addresses: list[str]) -> list[int]:
+    def add_workers(self, addresses: list[str], *, slice_size: int = 1) -> list[int]:
         """Adds workers while closures run; returns their indices (the next free ones:
         indices are never reused). Returns at once: each connects in the background, builds
-        every live per-worker resource, then takes closures. ``InvalidArgumentError`` for an
-        address that is not ``HOST:PORT``; ``RuntimeError`` after :meth:`shutdown`."""
+        every live per-worker resource, then takes closures. With ``slice_size`` K > 1 each
+        address is the rank-0 host of a slice of K hosts, used only once it reports so.
+        ``InvalidArgumentError`` for an address that is not ``HOST:PORT``, ``ValueError``
+        for ``slice_size=0``; ``RuntimeError`` after :meth:`shutdown`."""
 
     def remove_workers(self, indices: list[int]) -> None:
         """Removes workers and returns once each has left (GIL released): it takes no new

@@ -127,9 +127,9 @@ pub struct DispatcherConfig {
     /// fails with `UNAVAILABLE` naming every worker and its last error; `None`: wait for
     /// the recovery bound (TF's behaviour).
     pub connect_timeout: Option<Duration>,
-    /// Hosts per slice of worker `i` (by index; 1 past the end and for added workers): a
-    /// worker whose `GetStatus` reports another slice size, or a rank other than 0, is not
-    /// used (see `slices.rs`).
+    /// Hosts per slice of the first workers, by index (1 past the end; workers added
+    /// later say their own through `Dispatcher::add_slices`): a worker whose `GetStatus`
+    /// reports another slice size, or a rank other than 0, is not used (see `slices.rs`).
     pub slice_sizes: Vec<u32>,
     /// The coordinator's own Python, JAX and jaxcluster versions, against which each
     /// worker's are checked when its link connects (see `versions.rs`); `None`: not checked.

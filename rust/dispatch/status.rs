@@ -116,6 +116,9 @@ struct Info {
 pub(crate) struct LinkStatus {
     index: usize,
     address: String,
+    /// How many hosts the slice this worker is rank 0 of must have (1: a worker of its
+    /// own); fixed when the worker joins, so workers added later can be slices too.
+    slice_size: u32,
     info: Mutex<Info>,
     /// Per-worker counters.
     pub counters: LinkCounters,
@@ -129,10 +132,11 @@ pub(crate) struct LinkStatus {
 impl LinkStatus {
     /// A link that has not reached its worker yet (`recovering`, as TF counts a worker
     /// that has not answered as failed).
-    pub fn new(index: usize, address: String) -> Self {
+    pub fn new(index: usize, address: String, slice_size: u32) -> Self {
         Self {
             index,
             address,
+            slice_size: slice_size.max(1),
             info: Mutex::new(Info {
                 state: LinkState::Recovering,
                 since: Instant::now(),
@@ -153,6 +157,11 @@ impl LinkStatus {
     /// The worker's address, as given.
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// Hosts of the slice this worker must be rank 0 of (1: a worker of its own).
+    pub fn slice_size(&self) -> u32 {
+        self.slice_size
     }
 
     /// Asks the link to drain and leave; `false` if it was asked before.

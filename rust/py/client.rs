@@ -163,8 +163,9 @@ impl PyWorkerClient {
         Ok(response.already_registered)
     }
 
-    #[pyo3(signature = (function_hash, args=None, buffers=Vec::new(), *, closure_id=0, timeout=None))]
+    #[pyo3(signature = (function_hash, args=None, buffers=Vec::new(), *, closure_id=0, timeout=None, worker_index=None))]
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
+    #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     fn run_closure<'py>(
         &self,
         py: Python<'py>,
@@ -173,21 +174,23 @@ impl PyWorkerClient {
         buffers: Vec<Bound<'py, PyAny>>,
         closure_id: u64,
         timeout: Option<f64>,
+        worker_index: Option<i64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let request = pb::RunClosureRequest {
             function_hash: to_bytes(function_hash),
             args: value(args.as_ref(), &buffers)?,
             closure_id,
-            // A direct call: the worker's own --index.
-            worker_index: None,
+            // None: the worker's own --index (a slice's rank 0 passes on the coordinator's).
+            worker_index,
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.run_closure(request, timeout))?;
         run_dict(py, &response, self.inner.address())
     }
 
-    #[pyo3(signature = (resource_id, function_hash, args=None, buffers=Vec::new(), *, timeout=None))]
+    #[pyo3(signature = (resource_id, function_hash, args=None, buffers=Vec::new(), *, timeout=None, worker_index=None))]
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
+    #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     fn create_resource<'py>(
         &self,
         py: Python<'py>,
@@ -196,12 +199,13 @@ impl PyWorkerClient {
         args: Option<Bound<'py, PyAny>>,
         buffers: Vec<Bound<'py, PyAny>>,
         timeout: Option<f64>,
+        worker_index: Option<i64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let request = pb::CreateResourceRequest {
             resource_id,
             function_hash: to_bytes(function_hash),
             args: value(args.as_ref(), &buffers)?,
-            worker_index: None,
+            worker_index,
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.create_resource(request, timeout))?;

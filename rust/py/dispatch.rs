@@ -133,11 +133,22 @@ impl PyDispatcher {
         })
     }
 
+    #[pyo3(signature = (addresses, *, slice_size = 1))]
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
-    fn add_workers(&self, py: Python<'_>, addresses: Vec<String>) -> PyResult<Vec<usize>> {
+    fn add_workers(
+        &self,
+        py: Python<'_>,
+        addresses: Vec<String>,
+        slice_size: u32,
+    ) -> PyResult<Vec<usize>> {
+        if slice_size == 0 {
+            return Err(PyValueError::new_err(
+                "slice_size=0; expected at least 1 host per slice (1: workers of their own)",
+            ));
+        }
         let clients = connect_all(py, &self.client, &addresses)?;
         self.inner
-            .add_workers(clients)
+            .add_slices(clients, slice_size)
             .map_err(|e| dispatch_error(py, e))
     }
 

@@ -38,7 +38,12 @@ from jaxcluster.coordinator.functions import FunctionSerializer
 from jaxcluster.coordinator.per_worker import PerWorkerDataset
 from jaxcluster.coordinator.placement import WorkerFacts
 from jaxcluster.coordinator.remote_value import RemoteValue
-from jaxcluster.coordinator.slices import group_slices, slices_argument, slices_resolver
+from jaxcluster.coordinator.slices import (
+    group_slices,
+    slices_argument,
+    slices_resolver,
+    slices_to_add,
+)
 from jaxcluster.coordinator.structure import map_structure
 
 if TYPE_CHECKING:
@@ -141,25 +146,27 @@ class ClusterCoordinator:
         ca = ca or ca_from_env()
         self._auth_token, self._tls_ca = token, ca
         if slices is not None:
-            self._slices = slices_argument(slices)
-            if hosts_per_slice is not None and any(len(g) != hosts_per_slice for g in self._slices):
+            first = slices_argument(slices)
+            if hosts_per_slice is not None and any(len(g) != hosts_per_slice for g in first):
                 raise ValueError(
-                    f"slices= has slices of {sorted({len(g) for g in self._slices})} hosts "
+                    f"slices= has slices of {sorted({len(g) for g in first})} hosts "
                     f"but hosts_per_slice={hosts_per_slice}"
                 )
+            # Given outright, the slices are what a refresh finds too.
+            regroup: Callable[[], list[list[str]]] = lambda: first  # noqa: E731
         else:
-            self._slices = group_slices(
-                _worker_addresses(resolver), hosts_per_slice, resolver=resolver
-            )
-        self._sliced = sliced = any(len(group) > 1 for group in self._slices)
-        if sliced and refresh_interval is not None:
-            raise ValueError(
-                "refresh_interval is not supported with multi-host slices yet: a slice's "
-                "membership is fixed when the coordinator starts"
-            )
+
+            def regroup() -> list[list[str]]:
+                return group_slices(_worker_addresses(resolver), hosts_per_slice, resolver=resolver)
+
+            first = regroup()
+        self._sliced = sliced = any(len(group) > 1 for group in first)
+        # What add_workers groups a flat list of addresses by (None: slices differ).
+        sizes = {len(group) for group in first}
+        self._hosts_per_slice = hosts_per_slice or (sizes.pop() if len(sizes) == 1 else None)
         # The dispatcher sees one worker per slice: its rank-0 host, which runs each
         # closure on all of the slice's hosts.
-        addresses = [group[0] for group in self._slices]
+        addresses = [group[0] for group in first]
         self._cluster_resolver = resolver
         self._strategy = None if source is resolver else source
         from jaxcluster._malloc import keep_freed_memory
@@ -182,13 +189,13 @@ class ClusterCoordinator:
             connect_timeout=connect,
             recovery_timeout=None if recovery_timeout is None else float(recovery_timeout),
             # Each link checks its worker is rank 0 of a slice this size (1: no slice).
-            slice_sizes=[len(group) for group in self._slices],
+            slice_sizes=[len(group) for group in first],
             # Each link checks its worker's versions against these (see versions.rs).
             python_version=versions.python,
             jax_version=versions.jax,
             jaxcluster_version=versions.jaxcluster,
         )
-        self._membership = Membership(self._dispatcher, addresses, token, ca)
+        self._membership = Membership(self._dispatcher, addresses, token, ca, slices=first)
         self._worker_facts = WorkerFacts(self._dispatcher)
         # A jax.jit function is traced on the slice (its mesh spans hosts the coordinator
         # cannot export for), so a sliced coordinator pickles it instead.
@@ -217,25 +224,35 @@ class ClusterCoordinator:
                 raise
         self._refresher: Refresher | None = None
         if refresh_interval is not None:
-            self._refresher = Refresher(
-                self._membership, lambda: _worker_addresses(resolver), float(refresh_interval)
-            )
+            self._refresher = Refresher(self._membership, regroup, float(refresh_interval))
             self._refresher.start()
         _log.debug("coordinator started for %d workers: %s", len(addresses), addresses)
 
     # --- elastic workers -------------------------------------------------------------
 
-    def add_workers(self, addresses: Iterable[str]) -> list[int]:
+    def add_workers(self, addresses: Iterable[str] | Iterable[Iterable[str]]) -> list[int]:
         """Adds workers (``"host:port"`` addresses) while closures run; returns their
         indices (the next free ones: an index is never reused).
 
         Returns at once; each new worker connects in the background, builds every
         per-worker dataset and device state first, then takes closures. An address that
         already serves this coordinator is refused (``ValueError``, nothing added).
+
+        On a sliced coordinator (``hosts_per_slice=K``) it adds whole slices and returns
+        one index per slice: a flat list of a multiple of K addresses (each K in a row one
+        slice, rank 0 first, as ``hosts_per_slice`` groups a resolver's tasks) or a list of
+        slices (``[[rank0, rank1, ...], ...]``, as ``slices=``). A partial slice is a
+        ``ValueError``. A slice takes closures only once its rank 0 reports the slice
+        formed with K hosts.
+
+        Example::
+
+            coordinator.add_workers(["10.0.0.9:8470", "10.0.0.10:8470"])  # K=2: -> [3]
         """
         self._check_open()
-        self._check_unsliced("add_workers")
-        return self._membership.add(addresses)
+        if not self._sliced:
+            return self._membership.add(addresses)  # type: ignore[arg-type]
+        return self._membership.add_slices(slices_to_add(addresses, self._hosts_per_slice))
 
     def remove_workers(self, workers: Iterable[str | int] | str | int) -> None:
         """Removes workers, given by address or index, and returns once each has left.
@@ -246,9 +263,12 @@ class ClusterCoordinator:
         is lost. Its index stays, with state ``"removed"``, and is never reused.
         ``ValueError`` (nothing removed) for an unknown or removed worker, or when no
         worker able to run closures would remain.
+
+        On a sliced coordinator a worker is a slice: an index, or the address of any of
+        its hosts, removes the whole slice (its closures finish or run on another slice,
+        and its per-slice datasets and state are released on all its hosts).
         """
         self._check_open()
-        self._check_unsliced("remove_workers")
         self._membership.remove(workers)
 
     # --- scheduling ------------------------------------------------------------------
@@ -393,14 +413,8 @@ class ClusterCoordinator:
     @property
     def slices(self) -> list[list[str]]:
         """The hosts of every slice, rank 0 first, by worker index (one host each on an
-        unsliced coordinator)."""
-        return [list(group) for group in self._slices]
-
-    def _check_unsliced(self, what: str) -> None:
-        if self._sliced:
-            raise ValueError(
-                f"{what} is not supported with multi-host slices yet; the slices are {self._slices}"
-            )
+        unsliced coordinator; a removed slice keeps its index and hosts here)."""
+        return self._membership.slices()
 
     @property
     def cluster_resolver(self) -> Any:

@@ -8,6 +8,12 @@ and an index is never reused. A removed worker keeps its index with the state
 worker with a new index. So ``get_current_worker_index()`` on a worker, and the elements of
 ``PerWorkerValues`` (one per index), always refer to the same worker process slot.
 
+On a sliced coordinator (``hosts_per_slice=K``) a worker index is a slice: the dispatcher
+knows its rank-0 host, and this table knows all of its hosts. Slices join and leave whole:
+``add_workers`` takes whole slices, naming any host of a slice in ``remove_workers``
+removes that slice, and a refresh compares whole slices (a slice whose hosts changed is
+removed, and the new grouping added).
+
 Example::
 
     coordinator = ClusterCoordinator(resolver, refresh_interval=30.0)  # follows the resolver
@@ -37,11 +43,13 @@ class Membership:
     """Changes to the workers of one dispatcher (checked, logged, probed), and its views.
 
     The dispatcher is the one owner of the worker table (addresses by index, removed,
-    given up): this class keeps no copy and asks it. One lock orders every change, so a
-    refresh and a user's call never interleave.
+    given up): this class asks it. It keeps only what the dispatcher does not know: the
+    other hosts of each index's slice (``slices``, by index, rank 0 first; one host each
+    on an unsliced coordinator). One lock orders every change, so a refresh and a user's
+    call never interleave.
 
-    ``addresses`` (the workers the dispatcher started with) is accepted for callers that
-    pass it, and not kept: the dispatcher knows them.
+    ``addresses`` (the workers the dispatcher started with) give one-host slices when
+    ``slices`` (the hosts of each, rank 0 first) is not given.
     """
 
     def __init__(
@@ -50,11 +58,24 @@ class Membership:
         addresses: Sequence[str] = (),
         token: str | None = None,
         tls_ca: bytes | None = None,
+        *,
+        slices: Sequence[Sequence[str]] | None = None,
     ) -> None:
-        del addresses  # the dispatcher's table is the one copy
         self._dispatcher = dispatcher
         self._token, self._tls_ca = token, tls_ca
         self._lock = threading.Lock()
+        groups = slices if slices is not None else [[address] for address in addresses]
+        self._slices: list[tuple[str, ...]] = [tuple(group) for group in groups]
+
+    def slices(self) -> list[list[str]]:
+        """The hosts of every index's slice, rank 0 first (removed ones included)."""
+        return [list(group) for group in self._slices]
+
+    def active_slices(self) -> dict[tuple[str, ...], int]:
+        """The hosts of each slice not removed → its index (one joining right now may
+        be missing: its hosts are recorded just after the dispatcher takes it)."""
+        known = len(self._slices)
+        return {self._slices[i]: i for i in self.active().values() if i < known}
 
     def __len__(self) -> int:
         """How many indices there are (removed workers included)."""
@@ -95,8 +116,55 @@ class Membership:
                 return []
             warn_if_token_in_clear(wanted, self._token, self._tls_ca, _log, "workers", 3)
             indices = [int(i) for i in self._dispatcher.add_workers(wanted)]
+            for index, address in zip(indices, wanted, strict=True):
+                self._record(index, (address,))
         _log.info("added workers %s as indices %s", wanted, indices)
         return indices
+
+    def add_slices(self, groups: Sequence[Sequence[str]]) -> list[int]:
+        """Adds whole slices (each a list of hosts, rank 0 first, already checked to be
+        whole); returns their indices, one per slice. Each slice is used once its rank 0
+        reports being rank 0 of a slice that size, so half a slice never serves."""
+        wanted = [tuple(group) for group in groups]
+        hosts = [address for group in wanted for address in group]
+        if len(set(hosts)) != len(hosts):
+            raise ValueError(f"add_workers(): an address appears twice in {groups}")
+        with self._lock:
+            serving = {host for group in self.active_slices() for host in group}
+            present = [address for address in hosts if address in serving]
+            if present:
+                raise ValueError(
+                    f"add_workers(): {', '.join(present)} already serve this coordinator as "
+                    "a host of one of its slices; a slice is added once (remove it first "
+                    "to add it again)"
+                )
+            if not wanted:
+                return []
+            warn_if_token_in_clear(hosts, self._token, self._tls_ca, _log, "workers", 3)
+            indices = self._start(wanted)
+        _log.info("added slices %s as indices %s", [list(group) for group in wanted], indices)
+        return indices
+
+    def _start(self, groups: Sequence[tuple[str, ...]]) -> list[int]:
+        """Starts a link per slice (under the lock), in order, and records its hosts."""
+        indices: list[int] = []
+        for group in groups:
+            (index,) = self._dispatcher.add_workers([group[0]], slice_size=len(group))
+            self._record(int(index), group)
+            indices.append(int(index))
+        return indices
+
+    def _record(self, index: int, group: tuple[str, ...]) -> None:
+        while len(self._slices) <= index:
+            self._slices.append(())
+        self._slices[index] = group
+
+    def index_of_host(self, address: str) -> int | None:
+        """The index of the slice (not removed) that ``address`` is a host of."""
+        for group, index in self.active_slices().items():
+            if address in group:
+                return index
+        return None
 
     def remove(self, which: Iterable[str | int] | str | int) -> list[int]:
         """Removes workers by address or index; returns their indices once they have
@@ -113,12 +181,13 @@ class Membership:
                         "or worker indices"
                     )
                 if isinstance(item, str):
-                    if item not in active:
+                    found = self.index_of_host(item)
+                    if found is None:
                         raise ValueError(
                             f"remove_workers(): no worker of this coordinator is at {item!r}; "
-                            f"its workers are {sorted(active)}"
+                            f"its workers are {sorted(self._hosts_of(active.values()))}"
                         )
-                    index = active[item]
+                    index = found
                 elif not 0 <= item < len(self):
                     raise ValueError(
                         f"remove_workers(): there is no worker {item}; the indices are 0 to "
@@ -137,8 +206,12 @@ class Membership:
                 return []
             # Blocks (without the GIL, interruptibly) until each has drained and left.
             self._dispatcher.remove_workers(indices)
-        _log.info("removed workers %s (%s)", indices, ", ".join(map(self.address, indices)))
+        _log.info("removed workers %s (%s)", indices, ", ".join(self._hosts_of(indices)))
         return indices
+
+    def _hosts_of(self, indices: Iterable[int]) -> list[str]:
+        """Every host of the slices at ``indices`` (a slice leaves as a unit)."""
+        return [host for index in indices for host in self._slices[index]]
 
     def given_up(self) -> list[str]:
         """Addresses of the workers (not removed) whose link gave up reconnecting."""
@@ -188,7 +261,8 @@ class Membership:
             wanted = [address for address in addresses if address in active]
             if not wanted:
                 return []
-            indices = [int(i) for i in self._dispatcher.add_workers(wanted)]
+            # A slice joins again whole, with the same hosts.
+            indices = self._start([self._slices[index] for index in old])
             # The address now maps to its new index, once the old one is removed.
             self._dispatcher.remove_workers(old)
         _log.info(
@@ -214,7 +288,7 @@ class Refresher(threading.Thread):
     def __init__(
         self,
         membership: Membership,
-        resolve: Callable[[], list[str]],
+        resolve: Callable[[], Sequence[Sequence[str]]],
         interval: float,
     ) -> None:
         super().__init__(name="jaxcluster-refresh", daemon=True)
@@ -240,23 +314,38 @@ class Refresher(threading.Thread):
                 _log.debug("the refresh's traceback", exc_info=True)
 
     def refresh(self) -> None:
-        """One refresh: resolve, then add what is new and remove what is gone."""
-        wanted = list(dict.fromkeys(self._resolve()))
-        active = self._membership.active()
-        gone = [address for address in active if address not in wanted]
-        new = [address for address in wanted if address not in active]
-        if new:
-            self._membership.add(new)
-        if gone and len(gone) == len(active) and not new:
+        """One refresh: resolve, then add what is new and remove what is gone (whole
+        slices: ``resolve`` returns the workers grouped, one host per group unsliced)."""
+        wanted = list(dict.fromkeys(tuple(group) for group in self._resolve()))
+        active = self._membership.active_slices()
+        gone = [group for group in active if group not in wanted]
+        new = [group for group in wanted if group not in active]
+        # A new slice that shares a host with a leaving one (its slice was regrouped) is
+        # added once the old one has left.
+        leaving = {host for group in gone for host in group}
+        later = [group for group in new if leaving.intersection(group)]
+        now = [group for group in new if group not in later]
+        if now:
+            self._add(now)
+        if gone and len(gone) == len(active) and not now:
             _log.warning(
                 "the resolver lists none of the coordinator's workers (%s); keeping them "
                 "rather than removing every worker",
-                ", ".join(gone),
+                ", ".join(host for group in gone for host in group),
             )
             return
         if gone:
-            self._membership.remove(gone)
-        listed = [address for address in self._membership.given_up() if address in wanted]
-        back = self._membership.answering(listed)
+            self._membership.remove([active[group] for group in gone])
+        if later:
+            self._add(later)
+        listed = [group[0] for group in wanted]
+        given_up = [address for address in self._membership.given_up() if address in listed]
+        back = self._membership.answering(given_up)
         if back:
             self._membership.rejoin(back)
+
+    def _add(self, groups: list[tuple[str, ...]]) -> None:
+        if any(len(group) > 1 for group in groups):
+            self._membership.add_slices(groups)
+        else:
+            self._membership.add([group[0] for group in groups])

@@ -11,10 +11,15 @@ runs it SPMD on all K. Where the grouping comes from, first match wins:
    node);
 4. otherwise every worker is its own slice of one host (the plain coordinator).
 
+Slices that join later (``add_workers``, a refresh) are grouped the same way:
+:func:`slices_to_add` takes a flat list of whole slices, or a list of slices.
+
 Example::
 
     group_slices(["h:1", "h:2", "h:3", "h:4"], hosts_per_slice=2)
     # [['h:1', 'h:2'], ['h:3', 'h:4']]
+    slices_to_add(["h:5", "h:6"], hosts_per_slice=2)      # [['h:5', 'h:6']]
+    slices_to_add([["h:5", "h:6"]], hosts_per_slice=2)    # the same
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["group_slices", "slices_argument", "slices_resolver"]
+__all__ = ["group_slices", "slices_argument", "slices_resolver", "slices_to_add"]
 
 
 def slices_argument(slices: Any) -> list[list[str]]:
@@ -85,3 +90,52 @@ def slices_resolver(slices: Any) -> Any:
 
     hosts = [address for group in slices_argument(slices) for address in group]
     return SimpleClusterResolver(ClusterSpec({"worker": hosts}), rpc_layer="grpc")
+
+
+def slices_to_add(addresses: Any, hosts_per_slice: int | None) -> list[list[str]]:
+    """``add_workers``' argument on a sliced coordinator, as whole slices.
+
+    Either a flat list of ``host:port`` strings, a multiple of ``hosts_per_slice`` whose
+    consecutive runs form the slices (rank 0 first: the grouping ``hosts_per_slice``
+    gives a resolver's worker tasks), or a list of slices, each a list of addresses with
+    rank 0 first (as ``slices=`` takes). ``hosts_per_slice`` ``None``: the coordinator's
+    slices differ in size, so only the list of slices is accepted. A partial slice is a
+    ``ValueError`` saying what was expected: half a slice never serves.
+    """
+    if isinstance(addresses, str):
+        addresses = [addresses]
+    items = list(addresses)
+    if not items:
+        return []
+    if all(isinstance(item, str) for item in items):
+        k = hosts_per_slice
+        if k is None:
+            raise ValueError(
+                "add_workers(): this coordinator's slices differ in size, so a flat list of "
+                "addresses cannot say which hosts form a slice; give a list of slices, "
+                "each a list of 'host:port' addresses with its rank-0 host first"
+            )
+        if len(items) % k:
+            left = items[len(items) - len(items) % k :]
+            raise ValueError(
+                f"add_workers(): {len(items)} addresses are not whole slices of "
+                f"hosts_per_slice={k} hosts ({', '.join(left)} would be part of a slice); "
+                f"expected a multiple of {k} addresses, each {k} in a row one slice with "
+                "its rank-0 host first, or a list of slices"
+            )
+        groups: list[Any] = [items[i : i + k] for i in range(0, len(items), k)]
+    else:
+        groups = items
+    try:
+        checked = slices_argument(groups)
+    except ValueError as exc:
+        raise ValueError(f"add_workers(): {exc}") from None
+    if hosts_per_slice is not None:
+        for group in checked:
+            if len(group) != hosts_per_slice:
+                raise ValueError(
+                    f"add_workers(): the slice {group} has {len(group)} hosts, but this "
+                    f"coordinator's slices have hosts_per_slice={hosts_per_slice}; a slice "
+                    "joins only with all of its hosts"
+                )
+    return checked

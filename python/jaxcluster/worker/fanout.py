@@ -112,11 +112,14 @@ class Fanout:
         buffers = [bytes(b) for b in job.buffers]
         resource_id = job.resource_id if kind == "create_resource" else None
         closure_id = job.closure_id or 0
+        # The coordinator's index for the slice (it changes as slices leave and join):
+        # every host's get_current_worker_index() says the same.
+        index = job.worker_index
         return [
             self._pool.submit(
                 self._guard,
                 p,
-                partial(self._call, p, function, args, buffers, closure_id, resource_id),
+                partial(self._call, p, function, args, buffers, closure_id, resource_id, index),
             )
             for p in self._peers
         ]
@@ -172,16 +175,19 @@ class Fanout:
         buffers: list[bytes],
         closure_id: int,
         resource_id: int | None,
+        index: int | None = None,
     ) -> PeerError | None:
         for attempt in range(2):
             self._register(peer, function, force=attempt > 0)
             try:
                 if resource_id is None:
                     answer = peer.client.run_closure(
-                        function[0], args, buffers, closure_id=closure_id
+                        function[0], args, buffers, closure_id=closure_id, worker_index=index
                     )
                 else:
-                    answer = peer.client.create_resource(resource_id, function[0], args, buffers)
+                    answer = peer.client.create_resource(
+                        resource_id, function[0], args, buffers, worker_index=index
+                    )
             except errors.NotFoundError:
                 if attempt:  # registered again just now and still unknown
                     raise

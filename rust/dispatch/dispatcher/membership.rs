@@ -20,10 +20,27 @@ impl Dispatcher {
         &self,
         transports: Vec<T>,
     ) -> Result<Vec<usize>, DispatchError> {
+        self.add_slices(transports, 1)
+    }
+
+    /// [`add_workers`](Self::add_workers) for multi-host slices: each transport reaches
+    /// the rank-0 host of a slice that must have `slice_size` hosts (its link uses the
+    /// worker only once it reports being rank 0 of a slice that size, so half a slice is
+    /// never used). `slice_size` 1: workers of their own.
+    pub fn add_slices<T: WorkerTransport>(
+        &self,
+        transports: Vec<T>,
+        slice_size: u32,
+    ) -> Result<Vec<usize>, DispatchError> {
         if self.is_shut_down() {
             return Err(DispatchError::Stopped);
         }
-        self.start_links(transports)
+        self.start_links(
+            transports
+                .into_iter()
+                .map(|transport| (transport, slice_size))
+                .collect(),
+        )
     }
 
     /// Removes workers `indices` and waits until each has left: a worker's link stops

@@ -108,22 +108,26 @@ impl Dispatcher {
             membership: Mutex::new(()),
         };
         // Dropping `dispatcher` on an error stops the links already started.
-        dispatcher.start_links(transports)?;
+        let sizes: Vec<u32> = (0..transports.len())
+            .map(|index| dispatcher.shared.config.slice_size(index))
+            .collect();
+        dispatcher.start_links(transports.into_iter().zip(sizes).collect())?;
         Ok(dispatcher)
     }
 
-    /// Starts one link per transport, with the next free indices (returned). A link
-    /// starts `recovering`; the per-worker resources alive now are queued for its worker
-    /// ahead of any closure.
+    /// Starts one link per transport (each with the hosts its worker's slice must have,
+    /// 1 for a worker of its own), with the next free indices (returned). A link starts
+    /// `recovering`; the per-worker resources alive now are queued for its worker ahead
+    /// of any closure.
     fn start_links<T: WorkerTransport>(
         &self,
-        transports: Vec<T>,
+        transports: Vec<(T, u32)>,
     ) -> Result<Vec<usize>, DispatchError> {
         let runtime = crate::runtime::runtime()?.handle().clone();
         let _membership = self.lock_membership();
         let resources = self.shared.resources.live();
         let mut indices = Vec::with_capacity(transports.len());
-        for transport in transports {
+        for (transport, slice_size) in transports {
             let transport = Arc::new(transport);
             let status = {
                 let mut links = self
@@ -131,7 +135,11 @@ impl Dispatcher {
                     .links
                     .write()
                     .unwrap_or_else(PoisonError::into_inner);
-                let status = Arc::new(LinkStatus::new(links.len(), transport.address().to_owned()));
+                let status = Arc::new(LinkStatus::new(
+                    links.len(),
+                    transport.address().to_owned(),
+                    slice_size,
+                ));
                 links.push(Arc::clone(&status));
                 status
             };

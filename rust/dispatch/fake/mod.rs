@@ -170,6 +170,15 @@ impl FakeCluster {
         version.clone_into(&mut lock(&self.inner.workers[index].python_version));
     }
 
+    /// Worker `index`'s `GetStatus` reports being rank `rank` of a slice of `size` hosts.
+    pub fn report_slice(&self, index: usize, rank: u32, size: u32) {
+        *lock(&self.inner.workers[index].slice) = Some(crate::rpc::pb::SliceMembership {
+            index: 0,
+            rank,
+            size,
+        });
+    }
+
     /// One transport per worker, in index order.
     pub fn transports(&self) -> Vec<FakeTransport> {
         (0..self.inner.workers.len())

@@ -157,6 +157,7 @@ impl WorkerTransport for FakeTransport {
                 },
                 inflight: self.worker().running(),
                 python_version: super::lock(&self.worker().python_version).clone(),
+                slice: *super::lock(&self.worker().slice),
                 ..pb::GetStatusResponse::default()
             })
         })

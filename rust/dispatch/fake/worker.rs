@@ -35,6 +35,8 @@ pub(crate) struct FakeWorker {
     pub(super) stall_next_stream: std::sync::atomic::AtomicBool,
     /// The Python version its `GetStatus` reports (empty: not reported, as older workers).
     pub(super) python_version: Mutex<String>,
+    /// The slice its `GetStatus` reports (`None`: a worker of its own).
+    pub(super) slice: Mutex<Option<pb::SliceMembership>>,
 }
 
 impl FakeWorker {
@@ -54,6 +56,7 @@ impl FakeWorker {
             streams: std::sync::atomic::AtomicUsize::new(0),
             stall_next_stream: std::sync::atomic::AtomicBool::new(false),
             python_version: Mutex::new(String::new()),
+            slice: Mutex::new(None),
         }
     }
 

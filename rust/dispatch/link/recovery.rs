@@ -121,7 +121,7 @@ impl<T: WorkerTransport> Link<T> {
                     ))
                 }
                 Ok(status) => {
-                    let expected = self.shared.config.slice_size(self.index);
+                    let expected = self.status.slice_size();
                     let own = self.shared.config.versions.as_ref();
                     let (address, index) = (self.address().to_owned(), self.index);
                     if let Some(reason) =

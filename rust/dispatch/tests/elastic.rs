@@ -262,3 +262,47 @@ fn closures_fail_while_every_worker_is_given_up_and_run_again_once_one_is_added(
     assert_eq!(value(&cell), args("runs"));
     assert_eq!(ran_on(&cluster, cell.id()), [1]);
 }
+
+#[test]
+fn an_added_slice_serves_only_as_rank_zero_of_a_slice_that_size() {
+    let cluster = FakeCluster::new(3);
+    cluster.report_slice(1, 0, 2); // rank 0 of a 2-host slice
+    cluster.report_slice(2, 0, 2);
+    let (dispatcher, mut spare) = start_with(&cluster, 1, fast_config());
+    wait_until("worker 0 is up", || state(&dispatcher, 0) == LinkState::Up);
+    // Added as a slice of 2: it reports that, so it serves.
+    assert_eq!(
+        dispatcher
+            .add_slices(vec![spare[1].take().unwrap()], 2)
+            .unwrap(),
+        [1]
+    );
+    // Added as a worker of its own, a slice's rank 0 is never used.
+    assert_eq!(
+        dispatcher
+            .add_workers(vec![spare[2].take().unwrap()])
+            .unwrap(),
+        [2]
+    );
+    wait_until("the slice is up", || state(&dispatcher, 1) == LinkState::Up);
+    wait_until("the mismatch is explained", || {
+        dispatcher.worker_statuses()[2]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("rank 0 of slice 0 of 2 hosts"))
+    });
+    let echo = function(&dispatcher, "echo");
+    let cells: Vec<_> = (0..8)
+        .map(|i| {
+            dispatcher
+                .schedule(&echo, args(&i.to_string()), &[])
+                .unwrap()
+        })
+        .collect();
+    for (i, cell) in cells.iter().enumerate() {
+        assert_eq!(value(cell), args(&i.to_string()));
+        assert_ne!(ran_on(&cluster, cell.id()), [2]);
+    }
+    assert_ne!(state(&dispatcher, 2), LinkState::Up);
+    assert!(cluster.calls(2).iter().all(|c| c.method == "GetStatus"));
+}
