@@ -15,10 +15,13 @@ pub mod rmsprop;
 pub mod schedule;
 pub mod sgd;
 
+use std::ops::Range;
+
 use half::{bf16, f16};
 
 use super::dtype::DType;
 use crate::rpc::pb;
+pub use compress::Gradient;
 use real::Real;
 pub use schedule::Schedule;
 
@@ -189,15 +192,29 @@ impl Optimizer {
         matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
-    /// One step on `param` (raw little-endian bytes of `dtype`) with `grad`, updating
-    /// `slots` (as [`Optimizer::slots`] lists them); `done` is the number of updates this
-    /// optimizer applied to the variable before. The caller checks dtypes and lengths.
+    /// One step on `param` (raw little-endian bytes of `dtype`) with `grad` (bytes of the
+    /// same dtype), updating `slots` (as [`Optimizer::slots`] lists them); `done` is the
+    /// number of updates this optimizer applied to the variable before. The caller checks
+    /// dtypes and lengths.
     pub fn apply(
         &self,
         dtype: DType,
         done: u64,
         param: &mut [u8],
         grad: &[u8],
+        slots: &mut [&mut [u8]],
+    ) {
+        self.apply_gradient(dtype, done, param, &Gradient::Same(grad), slots);
+    }
+
+    /// [`Optimizer::apply`] with a gradient that may be compressed: it is widened a chunk
+    /// at a time as the update goes, exactly as if it had been widened whole first.
+    pub fn apply_gradient(
+        &self,
+        dtype: DType,
+        done: u64,
+        param: &mut [u8],
+        grad: &Gradient<'_>,
         slots: &mut [&mut [u8]],
     ) {
         match dtype {
@@ -210,23 +227,25 @@ impl Optimizer {
     }
 
     /// Decodes, steps and encodes back [`CHUNK`] elements at a time: each buffer is read
-    /// and written once per update, with no copy of the whole variable and its slots.
+    /// and written once per update, with no copy of the whole variable, its slots or its
+    /// (widened) gradient.
     fn apply_as<S: Stored<T>, T: Real>(
         &self,
         done: u64,
         param: &mut [u8],
-        grad: &[u8],
+        grad: &Gradient<'_>,
         slots: &mut [&mut [u8]],
     ) {
         let lr = T::of(self.learning_rate.at(done));
         let (mut p, mut g) = (Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK));
         let mut s: Vec<Vec<T>> = slots.iter().map(|_| Vec::with_capacity(CHUNK)).collect();
-        let chunk_bytes = CHUNK * S::SIZE;
+        let elements = param.len() / S::SIZE;
         let mut start = 0;
-        while start < param.len() {
-            let range = start..(start + chunk_bytes).min(param.len());
+        while start < elements {
+            let items = start..(start + CHUNK).min(elements);
+            let range = items.start * S::SIZE..items.end * S::SIZE;
             S::decode_into(&param[range.clone()], &mut p);
-            S::decode_into(&grad[range.clone()], &mut g);
+            S::decode_gradient(grad, items.clone(), &mut g);
             for (values, bytes) in s.iter_mut().zip(slots.iter()) {
                 S::decode_into(&bytes[range.clone()], values);
             }
@@ -235,7 +254,7 @@ impl Optimizer {
             for (values, bytes) in s.iter().zip(slots.iter_mut()) {
                 S::encode(values, &mut bytes[range.clone()]);
             }
-            start = range.end;
+            start = items.end;
         }
     }
 
@@ -294,6 +313,36 @@ trait Stored<T>: Sized {
     /// Replaces the contents of `out` with the values in `bytes`.
     fn decode_into(bytes: &[u8], out: &mut Vec<T>);
     fn encode(values: &[T], out: &mut [u8]);
+    /// A float64 rounded to this stored type, as the compute type.
+    fn round(value: f64) -> T;
+    /// Replaces the contents of `out` with elements `items` of `grad` as this stored type
+    /// holds them (a compressed gradient widened through float64, then rounded to it).
+    fn decode_gradient(grad: &Gradient<'_>, items: Range<usize>, out: &mut Vec<T>) {
+        match *grad {
+            Gradient::Same(bytes) => {
+                Self::decode_into(
+                    &bytes[items.start * Self::SIZE..items.end * Self::SIZE],
+                    out,
+                );
+            }
+            Gradient::Bf16(bytes) => {
+                out.clear();
+                out.extend(
+                    bytes[items.start * 2..items.end * 2]
+                        .chunks_exact(2)
+                        .map(|c| Self::round(f64::from(bf16::from_le_bytes([c[0], c[1]])))),
+                );
+            }
+            Gradient::Int8 { data, scale } => {
+                out.clear();
+                out.extend(
+                    data[items]
+                        .iter()
+                        .map(|&b| Self::round(f64::from(i8::from_le_bytes([b])) * scale)),
+                );
+            }
+        }
+    }
     #[cfg(test)]
     fn decode(bytes: &[u8]) -> Vec<T> {
         let mut out = Vec::new();
@@ -303,9 +352,13 @@ trait Stored<T>: Sized {
 }
 
 macro_rules! stored {
-    ($s:ty, $t:ty, $to:expr, $from:expr) => {
+    ($s:ty, $t:ty, $to:expr, $from:expr, $round:expr) => {
         impl Stored<$t> for $s {
             const SIZE: usize = std::mem::size_of::<$s>();
+            #[inline]
+            fn round(value: f64) -> $t {
+                $round(value)
+            }
             fn decode_into(bytes: &[u8], out: &mut Vec<$t>) {
                 out.clear();
                 out.extend(bytes.chunks_exact(Self::SIZE).map(|c| {
@@ -324,10 +377,14 @@ macro_rules! stored {
     };
 }
 
-stored!(f32, f32, |x| x, |x| x);
-stored!(f64, f64, |x| x, |x| x);
-stored!(f16, f32, f16::to_f32, f16::from_f32);
-stored!(bf16, f32, bf16::to_f32, bf16::from_f32);
+stored!(f32, f32, |x| x, |x| x, |v: f64| v as f32);
+stored!(f64, f64, |x| x, |x| x, |v: f64| v);
+stored!(f16, f32, f16::to_f32, f16::from_f32, |v| f16::from_f64(v)
+    .to_f32());
+stored!(bf16, f32, bf16::to_f32, bf16::from_f32, |v| bf16::from_f64(
+    v
+)
+.to_f32());
 
 #[cfg(test)]
 mod tests;

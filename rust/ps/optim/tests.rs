@@ -152,3 +152,28 @@ fn adam_bias_correction_follows_the_count() {
     let p = de32(&param)[0];
     assert!((p + 0.1).abs() < 1e-6, "{p}");
 }
+
+#[test]
+fn compressed_gradients_widen_as_if_whole() {
+    // SGD at rate 1 from zero leaves minus the widened gradient in the variable.
+    let sgd = Optimizer::from_pb(Some(&spec(pb::optimizer_spec::Kind::Sgd, 1.0))).unwrap();
+    let q = [127i8 as u8, (-64i8) as u8, 0];
+    let mut param = le32(&[0.0; 3]);
+    let int8 = Gradient::new(&q, DType::I8, 0.5, DType::F32).unwrap();
+    sgd.apply_gradient(DType::F32, 0, &mut param, &int8, &mut []);
+    assert_eq!(de32(&param), [-63.5, 32.0, 0.0]);
+    let b: Vec<u8> = [bf16::from_f32(-2.5), bf16::from_f32(0.25)]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mut param = le32(&[0.0; 2]);
+    let widened = Gradient::new(&b, DType::BF16, 0.0, DType::F32).unwrap();
+    sgd.apply_gradient(DType::F32, 0, &mut param, &widened, &mut []);
+    assert_eq!(de32(&param), [2.5, -0.25]);
+    // Into a float16 variable: int8 * scale rounded to float16 first.
+    let mut half_param = vec![0u8; 2];
+    let third = Gradient::new(&[1], DType::I8, 1.0 / 3.0, DType::F16).unwrap();
+    sgd.apply_gradient(DType::F16, 0, &mut half_param, &third, &mut []);
+    let got = f16::from_le_bytes([half_param[0], half_param[1]]);
+    assert_eq!(got, -f16::from_f64(1.0 / 3.0));
+}
