@@ -47,6 +47,22 @@ impl<'a> Gradient<'a> {
             )),
         }
     }
+
+    /// Elements `items` of this gradient; `element_bytes` is the size of an element of the
+    /// variable's dtype (that of a [`Gradient::Same`]).
+    #[must_use]
+    pub fn part(&self, items: std::ops::Range<usize>, element_bytes: usize) -> Self {
+        match *self {
+            Self::Same(data) => {
+                Self::Same(&data[items.start * element_bytes..items.end * element_bytes])
+            }
+            Self::Bf16(data) => Self::Bf16(&data[items.start * 2..items.end * 2]),
+            Self::Int8 { data, scale } => Self::Int8 {
+                data: &data[items],
+                scale,
+            },
+        }
+    }
 }
 
 #[cfg(test)]

@@ -177,3 +177,22 @@ fn compressed_gradients_widen_as_if_whole() {
     let got = f16::from_le_bytes([half_param[0], half_param[1]]);
     assert_eq!(got, -f16::from_f64(1.0 / 3.0));
 }
+
+#[test]
+fn a_large_variable_stepped_in_parts_matches_one_pass() {
+    let n = 3 * PART_ELEMENTS + 123;
+    let values: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let grad = le32(&values.iter().map(|v| v * 0.5 + 0.1).collect::<Vec<_>>());
+    let adam = Optimizer::from_pb(Some(&spec(pb::optimizer_spec::Kind::Adam, 0.01))).unwrap();
+    let (mut p1, mut m1, mut v1) = (le32(&values), le32(&values), le32(&vec![0.5; n]));
+    let (mut p2, mut m2, mut v2) = (p1.clone(), m1.clone(), v1.clone());
+    let g = Gradient::Same(&grad);
+    for done in 0..2 {
+        adam.apply_gradient(DType::F32, done, &mut p1, &g, &mut [&mut m1, &mut v1]);
+        adam.apply_range::<f32, f32>(done, &mut p2, &g, &mut [&mut m2, &mut v2]);
+    }
+    assert!(p1 == p2 && m1 == m2 && v1 == v2);
+    assert_ne!(p1, le32(&values));
+}
