@@ -182,7 +182,7 @@ fn compressed_gradients_widen_as_if_whole() {
 fn a_large_variable_stepped_in_parts_matches_one_pass() {
     let n = 3 * PART_ELEMENTS + 123;
     let values: Vec<f32> = (0..n)
-        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .map(|i| f32::from(((i * 7919) % 1000) as u16) / 500.0 - 1.0)
         .collect();
     let grad = le32(&values.iter().map(|v| v * 0.5 + 0.1).collect::<Vec<_>>());
     let adam = Optimizer::from_pb(Some(&spec(pb::optimizer_spec::Kind::Adam, 0.01))).unwrap();
