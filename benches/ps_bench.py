@@ -16,9 +16,9 @@ float32 variable with ``Adam`` and ``SGD`` through a ``ParameterServerStrategy``
 back, interleaved round by round with a TCP exchange of the same gradient bytes over the
 same loopback (``tcp_echo.py`` in ``ack`` mode: bytes in, 8 bytes back, the shape of an
 update). Reported per configuration: updates/s and gradient MB/s as a min-max range over
-the rounds, the ratio to the echo's bandwidth measured in the same round, and the bytes
-the ps received per update (its ``bytes_written`` counter) with ``compression`` None,
-``"bf16"`` and ``"int8"``.
+the rounds, the ratio to the echo's bandwidth measured in the same round (Adam also with
+``compression="bf16"`` and ``"int8"``, its MB/s counted in fp32 gradient bytes), and the
+bytes the ps received per update (its ``bytes_written`` counter) with each compression.
 """
 
 from __future__ import annotations
@@ -187,14 +187,23 @@ def run_apply(seconds: float, rounds: int) -> None:
                 mb = grad.nbytes / 1e6
                 with strategy.scope():
                     w = strategy.Variable(np.zeros(elements, np.float32), name=f"w_{size}")
-                optimizers = {"Adam": opt.Adam(1e-3), "SGD": opt.SGD(1e-3)}
+                # label -> (optimizer, compression); the ratio is to the fp32 bytes' echo.
+                optimizers = {
+                    "Adam": (opt.Adam(1e-3), None),
+                    "SGD": (opt.SGD(1e-3), None),
+                    "Adam bf16": (opt.Adam(1e-3, name="Adam_b"), "bf16"),
+                    "Adam int8": (opt.Adam(1e-3, name="Adam_i"), "int8"),
+                }
                 rates: dict[str, list[float]] = {"echo": [], **{k: [] for k in optimizers}}
                 ratios: dict[str, list[float]] = {k: [] for k in optimizers}
                 for _ in range(rounds):
                     rates["echo"].append(_timed(lambda g=grad: echo.round_trip(g), seconds))
-                    for label, optimizer in optimizers.items():
+                    for label, (optimizer, compression) in optimizers.items():
                         rate = _timed(
-                            lambda o=optimizer, g=grad, v=w: o.apply_gradients([(g, v)]), seconds
+                            lambda o=optimizer, g=grad, v=w, c=compression: o.apply_gradients(
+                                [(g, v)], compression=c
+                            ),
+                            seconds,
                         )
                         rates[label].append(rate)
                         ratios[label].append(rate / rates["echo"][-1])

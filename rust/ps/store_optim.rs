@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use super::{StoreError, Updated, Variable, VariableStore};
 use crate::ps::dtype::DType;
-use crate::ps::optim::{compress, Optimizer, ITERATIONS};
+use crate::ps::optim::{Gradient, Optimizer, ITERATIONS};
 use crate::ps::tensor::TensorView;
 
 /// The name of slot `slot` of variable `name` for optimizer `prefix`.
@@ -96,7 +96,7 @@ impl VariableStore {
         if gradient.shape != var.shape {
             var.check(name, "apply_update", gradient)?;
         }
-        let grad = compress::to_dtype(gradient.data, gradient.dtype, gradient_scale, var.dtype)
+        let grad = Gradient::new(gradient.data, gradient.dtype, gradient_scale, var.dtype)
             .map_err(|e| StoreError::Invalid(format!("apply_update to variable {name:?}: {e}")))?;
         let slots = optimizer
             .slots()
@@ -121,7 +121,7 @@ impl VariableStore {
             .iter_mut()
             .map(|s| s.data.as_mut_slice())
             .collect();
-        optimizer.apply(var.dtype, done, &mut state.data, &grad, &mut slot_bytes);
+        optimizer.apply_gradient(var.dtype, done, &mut state.data, &grad, &mut slot_bytes);
         count.data = (done.saturating_add(1) as i64).to_le_bytes().to_vec();
         count.version += 1;
         for s in &mut slot_states {

@@ -23,6 +23,8 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList};
 
+use crate::rpc::wire::recycle;
+
 /// Read-only bytes owned by Rust, exposed through the buffer protocol (see `_core.pyi`).
 #[pyclass(frozen, module = "jaxcluster._core", name = "Buffer")]
 pub struct PyBuffer {
@@ -96,6 +98,27 @@ fn copy_of(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
         };
         ffi::PyBuffer_Release(view);
         Ok(copied)
+    }
+}
+
+/// A copy of `obj`'s bytes (any C-contiguous buffer exporter) in a buffer of
+/// `rpc::wire::recycle`: a large array sent again and again (a gradient each step) is
+/// copied into memory already mapped, not into fresh pages the kernel faults in.
+pub(crate) fn recycled_copy_of(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
+    let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
+    // SAFETY: as in `copy_of`.
+    unsafe {
+        if ffi::PyObject_GetBuffer(obj.as_ptr(), view.as_mut_ptr(), ffi::PyBUF_C_CONTIGUOUS) != 0 {
+            return Err(PyErr::fetch(obj.py()));
+        }
+        let view = view.assume_init_mut();
+        let len = usize::try_from(view.len).unwrap_or(0);
+        let mut copied = recycle::take(len);
+        if len > 0 {
+            copied.extend_from_slice(std::slice::from_raw_parts(view.buf as *const u8, len));
+        }
+        ffi::PyBuffer_Release(view);
+        Ok(recycle::freeze(copied))
     }
 }
 

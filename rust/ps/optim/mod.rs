@@ -15,10 +15,13 @@ pub mod rmsprop;
 pub mod schedule;
 pub mod sgd;
 
+use std::ops::Range;
+
 use half::{bf16, f16};
 
 use super::dtype::DType;
 use crate::rpc::pb;
+pub use compress::Gradient;
 use real::Real;
 pub use schedule::Schedule;
 
@@ -189,15 +192,29 @@ impl Optimizer {
         matches!(dtype, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
     }
 
-    /// One step on `param` (raw little-endian bytes of `dtype`) with `grad`, updating
-    /// `slots` (as [`Optimizer::slots`] lists them); `done` is the number of updates this
-    /// optimizer applied to the variable before. The caller checks dtypes and lengths.
+    /// One step on `param` (raw little-endian bytes of `dtype`) with `grad` (bytes of the
+    /// same dtype), updating `slots` (as [`Optimizer::slots`] lists them); `done` is the
+    /// number of updates this optimizer applied to the variable before. The caller checks
+    /// dtypes and lengths.
     pub fn apply(
         &self,
         dtype: DType,
         done: u64,
         param: &mut [u8],
         grad: &[u8],
+        slots: &mut [&mut [u8]],
+    ) {
+        self.apply_gradient(dtype, done, param, &Gradient::Same(grad), slots);
+    }
+
+    /// [`Optimizer::apply`] with a gradient that may be compressed: it is widened a chunk
+    /// at a time as the update goes, exactly as if it had been widened whole first.
+    pub fn apply_gradient(
+        &self,
+        dtype: DType,
+        done: u64,
+        param: &mut [u8],
+        grad: &Gradient<'_>,
         slots: &mut [&mut [u8]],
     ) {
         match dtype {
@@ -209,24 +226,72 @@ impl Optimizer {
         }
     }
 
-    /// Decodes, steps and encodes back [`CHUNK`] elements at a time: each buffer is read
-    /// and written once per update, with no copy of the whole variable and its slots.
-    fn apply_as<S: Stored<T>, T: Real>(
+    /// Steps a large variable in parts on scoped threads, one part per core (every rule is
+    /// elementwise, so the result is the same bits): the caller waits for the answer while
+    /// the ps computes, so its core is free. A 64 MiB Adam update was two thirds of the ps's
+    /// CPU and most of the time of a call; below [`PART_ELEMENTS`] per part, threads cost
+    /// more than they save.
+    fn apply_as<S: Stored<T>, T: Real + Send>(
         &self,
         done: u64,
         param: &mut [u8],
-        grad: &[u8],
+        grad: &Gradient<'_>,
+        slots: &mut [&mut [u8]],
+    ) {
+        let elements = param.len() / S::SIZE;
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let parts = cores.min(MAX_PARTS).min(elements / PART_ELEMENTS).max(1);
+        if parts == 1 {
+            return self.apply_range::<S, T>(done, param, grad, slots);
+        }
+        let per_part = elements.div_ceil(parts).next_multiple_of(CHUNK);
+        std::thread::scope(|scope| {
+            let mut rest_param = param;
+            let mut rest_slots: Vec<&mut [u8]> = slots.iter_mut().map(|s| &mut **s).collect();
+            let mut start = 0;
+            while start < elements {
+                let n = per_part.min(elements - start);
+                let (part_param, tail) = std::mem::take(&mut rest_param).split_at_mut(n * S::SIZE);
+                rest_param = tail;
+                let mut part_slots = Vec::with_capacity(rest_slots.len());
+                for slot in &mut rest_slots {
+                    let (head, tail) = std::mem::take(slot).split_at_mut(n * S::SIZE);
+                    part_slots.push(head);
+                    *slot = tail;
+                }
+                let part_grad = grad.part(start..start + n, S::SIZE);
+                start += n;
+                if start < elements {
+                    scope.spawn(move || {
+                        self.apply_range::<S, T>(done, part_param, &part_grad, &mut part_slots);
+                    });
+                } else {
+                    self.apply_range::<S, T>(done, part_param, &part_grad, &mut part_slots);
+                }
+            }
+        });
+    }
+
+    /// Decodes, steps and encodes back [`CHUNK`] elements at a time: each buffer is read
+    /// and written once per update, with no copy of the whole variable, its slots or its
+    /// (widened) gradient.
+    fn apply_range<S: Stored<T>, T: Real>(
+        &self,
+        done: u64,
+        param: &mut [u8],
+        grad: &Gradient<'_>,
         slots: &mut [&mut [u8]],
     ) {
         let lr = T::of(self.learning_rate.at(done));
         let (mut p, mut g) = (Vec::with_capacity(CHUNK), Vec::with_capacity(CHUNK));
         let mut s: Vec<Vec<T>> = slots.iter().map(|_| Vec::with_capacity(CHUNK)).collect();
-        let chunk_bytes = CHUNK * S::SIZE;
+        let elements = param.len() / S::SIZE;
         let mut start = 0;
-        while start < param.len() {
-            let range = start..(start + chunk_bytes).min(param.len());
+        while start < elements {
+            let items = start..(start + CHUNK).min(elements);
+            let range = items.start * S::SIZE..items.end * S::SIZE;
             S::decode_into(&param[range.clone()], &mut p);
-            S::decode_into(&grad[range.clone()], &mut g);
+            S::decode_gradient(grad, items.clone(), &mut g);
             for (values, bytes) in s.iter_mut().zip(slots.iter()) {
                 S::decode_into(&bytes[range.clone()], values);
             }
@@ -235,7 +300,7 @@ impl Optimizer {
             for (values, bytes) in s.iter().zip(slots.iter_mut()) {
                 S::encode(values, &mut bytes[range.clone()]);
             }
-            start = range.end;
+            start = items.end;
         }
     }
 
@@ -288,12 +353,48 @@ impl Optimizer {
 /// slots stays in cache between decoding, stepping and encoding.
 const CHUNK: usize = 4096;
 
+/// Fewest elements of a part stepped on a thread of its own (1 MiB of float32).
+const PART_ELEMENTS: usize = 1 << 18;
+
+/// Most threads one update uses.
+const MAX_PARTS: usize = 8;
+
 /// How a stored float type converts to and from the type it is computed in.
 trait Stored<T>: Sized {
     const SIZE: usize;
     /// Replaces the contents of `out` with the values in `bytes`.
     fn decode_into(bytes: &[u8], out: &mut Vec<T>);
     fn encode(values: &[T], out: &mut [u8]);
+    /// A float64 rounded to this stored type, as the compute type.
+    fn round(value: f64) -> T;
+    /// Replaces the contents of `out` with elements `items` of `grad` as this stored type
+    /// holds them (a compressed gradient widened through float64, then rounded to it).
+    fn decode_gradient(grad: &Gradient<'_>, items: Range<usize>, out: &mut Vec<T>) {
+        match *grad {
+            Gradient::Same(bytes) => {
+                Self::decode_into(
+                    &bytes[items.start * Self::SIZE..items.end * Self::SIZE],
+                    out,
+                );
+            }
+            Gradient::Bf16(bytes) => {
+                out.clear();
+                out.extend(
+                    bytes[items.start * 2..items.end * 2]
+                        .chunks_exact(2)
+                        .map(|c| Self::round(f64::from(bf16::from_le_bytes([c[0], c[1]])))),
+                );
+            }
+            Gradient::Int8 { data, scale } => {
+                out.clear();
+                out.extend(
+                    data[items]
+                        .iter()
+                        .map(|&b| Self::round(f64::from(i8::from_le_bytes([b])) * scale)),
+                );
+            }
+        }
+    }
     #[cfg(test)]
     fn decode(bytes: &[u8]) -> Vec<T> {
         let mut out = Vec::new();
@@ -303,9 +404,13 @@ trait Stored<T>: Sized {
 }
 
 macro_rules! stored {
-    ($s:ty, $t:ty, $to:expr, $from:expr) => {
+    ($s:ty, $t:ty, $to:expr, $from:expr, $round:expr) => {
         impl Stored<$t> for $s {
             const SIZE: usize = std::mem::size_of::<$s>();
+            #[inline]
+            fn round(value: f64) -> $t {
+                $round(value)
+            }
             fn decode_into(bytes: &[u8], out: &mut Vec<$t>) {
                 out.clear();
                 out.extend(bytes.chunks_exact(Self::SIZE).map(|c| {
@@ -324,10 +429,14 @@ macro_rules! stored {
     };
 }
 
-stored!(f32, f32, |x| x, |x| x);
-stored!(f64, f64, |x| x, |x| x);
-stored!(f16, f32, f16::to_f32, f16::from_f32);
-stored!(bf16, f32, bf16::to_f32, bf16::from_f32);
+stored!(f32, f32, |x| x, |x| x, |v: f64| v as f32);
+stored!(f64, f64, |x| x, |x| x, |v: f64| v);
+stored!(f16, f32, f16::to_f32, f16::from_f32, |v| f16::from_f64(v)
+    .to_f32());
+stored!(bf16, f32, bf16::to_f32, bf16::from_f32, |v| bf16::from_f64(
+    v
+)
+.to_f32());
 
 #[cfg(test)]
 mod tests;

@@ -152,3 +152,47 @@ fn adam_bias_correction_follows_the_count() {
     let p = de32(&param)[0];
     assert!((p + 0.1).abs() < 1e-6, "{p}");
 }
+
+#[test]
+fn compressed_gradients_widen_as_if_whole() {
+    // SGD at rate 1 from zero leaves minus the widened gradient in the variable.
+    let sgd = Optimizer::from_pb(Some(&spec(pb::optimizer_spec::Kind::Sgd, 1.0))).unwrap();
+    let q = [127i8 as u8, (-64i8) as u8, 0];
+    let mut param = le32(&[0.0; 3]);
+    let int8 = Gradient::new(&q, DType::I8, 0.5, DType::F32).unwrap();
+    sgd.apply_gradient(DType::F32, 0, &mut param, &int8, &mut []);
+    assert_eq!(de32(&param), [-63.5, 32.0, 0.0]);
+    let b: Vec<u8> = [bf16::from_f32(-2.5), bf16::from_f32(0.25)]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let mut param = le32(&[0.0; 2]);
+    let widened = Gradient::new(&b, DType::BF16, 0.0, DType::F32).unwrap();
+    sgd.apply_gradient(DType::F32, 0, &mut param, &widened, &mut []);
+    assert_eq!(de32(&param), [2.5, -0.25]);
+    // Into a float16 variable: int8 * scale rounded to float16 first.
+    let mut half_param = vec![0u8; 2];
+    let third = Gradient::new(&[1], DType::I8, 1.0 / 3.0, DType::F16).unwrap();
+    sgd.apply_gradient(DType::F16, 0, &mut half_param, &third, &mut []);
+    let got = f16::from_le_bytes([half_param[0], half_param[1]]);
+    assert_eq!(got, -f16::from_f64(1.0 / 3.0));
+}
+
+#[test]
+fn a_large_variable_stepped_in_parts_matches_one_pass() {
+    let n = 3 * PART_ELEMENTS + 123;
+    let values: Vec<f32> = (0..n)
+        .map(|i| f32::from(((i * 7919) % 1000) as u16) / 500.0 - 1.0)
+        .collect();
+    let grad = le32(&values.iter().map(|v| v * 0.5 + 0.1).collect::<Vec<_>>());
+    let adam = Optimizer::from_pb(Some(&spec(pb::optimizer_spec::Kind::Adam, 0.01))).unwrap();
+    let (mut p1, mut m1, mut v1) = (le32(&values), le32(&values), le32(&vec![0.5; n]));
+    let (mut p2, mut m2, mut v2) = (p1.clone(), m1.clone(), v1.clone());
+    let g = Gradient::Same(&grad);
+    for done in 0..2 {
+        adam.apply_gradient(DType::F32, done, &mut p1, &g, &mut [&mut m1, &mut v1]);
+        adam.apply_range::<f32, f32>(done, &mut p2, &g, &mut [&mut m2, &mut v2]);
+    }
+    assert!(p1 == p2 && m1 == m2 && v1 == v2);
+    assert_ne!(p1, le32(&values));
+}

@@ -1,17 +1,18 @@
 //! numpy arrays <-> protocol tensors, for the ps bindings.
 //!
-//! An array goes out as `tobytes()` (one copy, which tonic then frames without another) and
+//! An array goes out as one copy into recycled memory (`rpc::wire::recycle`; tonic then
+//! frames it without another) and
 //! comes back as a `bytearray` wrapped by `numpy.frombuffer` (one copy, and the result is
 //! writable, as a variable's value read by the user should be). `bfloat16` arrays are the
 //! `ml_dtypes` type JAX uses.
 
-use bytes::Bytes;
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{IntoPyDict, PyByteArray, PyTuple};
 
+use super::super::buffer::recycled_copy_of;
 use super::super::errors::new_error;
 use crate::ps::tensor::TensorView;
 use crate::ps::DType;
@@ -72,11 +73,20 @@ pub(crate) fn to_tensor(value: &Bound<'_, PyAny>, what: &str) -> PyResult<pb::Te
         array
     };
     let shape: Vec<u64> = array.getattr("shape")?.extract()?;
-    let data: PyBackedBytes = array.call_method0("tobytes")?.extract()?;
+    // Copied (the caller may change the array while the call runs), into recycled memory.
+    let data = match recycled_copy_of(&array) {
+        Ok(copied) => copied,
+        // numpy exports no buffer of an extension dtype (bfloat16); its bytes as uint8 it does.
+        Err(_) => recycled_copy_of(
+            &array
+                .call_method1("reshape", (-1,))?
+                .call_method1("view", ("u1",))?,
+        )?,
+    };
     Ok(pb::Tensor {
         dtype: dtype.to_pb().into(),
         shape,
-        data: Bytes::from_owner(data),
+        data,
     })
 }
 

@@ -13,12 +13,13 @@
 
 use std::future::Future;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use prost::Message;
 use tokio_stream::{Stream, StreamExt};
 use tonic::Status;
 
 use super::frames::{Rope, Segments};
+use super::recycle;
 use crate::rpc::pb;
 
 /// Largest message a chunk sequence may assemble: 16 GiB, far above any value a closure
@@ -102,7 +103,9 @@ pub fn decode<M: Message + Default>(encoded: Bytes, what: &str) -> Result<M, Sta
 /// its last chunk is in.
 #[derive(Debug)]
 pub struct Assembler {
-    buffer: BytesMut,
+    /// From [`recycle::take`]: a large message reuses mapped memory instead of faulting
+    /// in fresh pages.
+    buffer: Vec<u8>,
     /// Size of the message being assembled; `None` between messages.
     total: Option<usize>,
     limit: u64,
@@ -118,7 +121,7 @@ impl Assembler {
     /// An assembler refusing messages above `limit` bytes.
     pub fn new(limit: u64) -> Self {
         Self {
-            buffer: BytesMut::new(),
+            buffer: Vec::new(),
             total: None,
             limit,
         }
@@ -161,7 +164,7 @@ impl Assembler {
                     return Ok(Some(chunk.data)); // one chunk: nothing to copy
                 }
                 self.total = Some(total);
-                self.buffer = BytesMut::with_capacity(total.min(INITIAL_RESERVE));
+                self.buffer = recycle::take(total.min(INITIAL_RESERVE));
                 total
             }
             (None, Some(total)) => total,
@@ -179,12 +182,12 @@ impl Assembler {
             return Ok(None);
         }
         self.total = None;
-        Ok(Some(std::mem::take(&mut self.buffer).freeze()))
+        Ok(Some(recycle::freeze(std::mem::take(&mut self.buffer))))
     }
 
     fn reset(&mut self) {
         self.total = None;
-        self.buffer = BytesMut::new();
+        recycle::give(std::mem::take(&mut self.buffer));
     }
 }
 

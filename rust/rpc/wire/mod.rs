@@ -2,7 +2,7 @@
 //! framing that never copies an array ([`frames`]), values above the message limit as
 //! chunk sequences ([`chunks`]), the size limits and flow-control windows ([`limits`]),
 //! the names of the protocol's codes and kinds ([`codes`]), the session a call belongs to
-//! ([`session`]) and the one mapping between
+//! ([`session`]), large buffers kept for the next message ([`recycle`]) and the one mapping between
 //! `tonic::Status` and [`RpcError`](status::RpcError) ([`status`]).
 //!
 //! Nothing here opens a connection; the client and server rooms do, through this.
@@ -11,5 +11,6 @@ pub mod chunks;
 pub mod codes;
 pub mod frames;
 pub mod limits;
+pub mod recycle;
 pub mod session;
 pub mod status;
