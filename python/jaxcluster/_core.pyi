@@ -777,8 +777,8 @@ class WorkerServer:
     def preempt(self, source: str, deadline: float = 0.0, detail: str = "") -> bool:
         """A preemption notice arrived (``source``: ``'gce'``, ``'aws'``, ``'signal'``;
         ``deadline``: seconds since the epoch, 0 if unknown): the worker reports
-        ``preempting`` with it (``GetStatus``, and at once on every open stream), logs a
-        warning and begins shutdown as :meth:`begin_shutdown`. ``False`` if a notice had
+        ``preempting`` with it (``GetStatus``, and at once on every open stream), logs it
+        and begins shutdown as :meth:`begin_shutdown`. ``False`` if a notice had
         arrived already. Safe to call from a signal handler.
 
         Example: ``server.preempt("signal", time.time() + 30, "SIGTERM")``"""

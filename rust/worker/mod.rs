@@ -267,7 +267,7 @@ impl WorkerServer {
 
     /// A preemption notice arrived (`source`: `"gce"`, `"aws"`, `"signal"`; `deadline`:
     /// seconds since the Unix epoch, 0 if unknown): records it, so `GetStatus` and every
-    /// stream report `preempting` (each open stream is told at once), logs a warning, and
+    /// stream report `preempting` (each open stream is told at once), logs it, and
     /// begins the drain, so queued closures go back to their coordinators unrun and the
     /// running one finishes. Returns `false` if a notice had arrived already (the drain
     /// still begins). Safe in a signal handler: nothing here logs from the caller.
@@ -284,8 +284,10 @@ impl WorkerServer {
             let (source, detail) = (source.to_owned(), detail.to_owned());
             let when = crate::rpc::describe_deadline(deadline);
             if let Ok(runtime) = crate::runtime::runtime() {
+                // INFO, as the drain's own line: the coordinators warn (naming the worker),
+                // and a LocalCluster stopping its workers with SIGTERM stays quiet.
                 runtime.spawn(async move {
-                    tracing::warn!(
+                    tracing::info!(
                         target: crate::log_target::WORKER,
                         source = source.as_str(),
                         "worker {index} on {address} received a preemption notice ({source}: \

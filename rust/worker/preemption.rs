@@ -12,6 +12,8 @@
 
 use std::sync::{Mutex, OnceLock, PoisonError};
 
+use tokio::sync::mpsc::WeakUnboundedSender;
+
 use super::stream::{Outbound, ReplySender};
 use crate::rpc::pb;
 
@@ -20,8 +22,10 @@ use crate::rpc::pb;
 pub struct Preemption {
     /// The first notice; later ones (a SIGTERM after a metadata notice) change nothing.
     notice: OnceLock<pb::PreemptionNotice>,
-    /// Answer channels of the streams opened so far; closed ones are pruned as streams open.
-    streams: Mutex<Vec<ReplySender>>,
+    /// Answer channels of the streams opened so far, weakly: a stream's response ends when
+    /// its last sender goes, which this must not prevent. Gone ones are pruned as streams
+    /// open.
+    streams: Mutex<Vec<WeakUnboundedSender<Outbound>>>,
 }
 
 impl Preemption {
@@ -37,7 +41,7 @@ impl Preemption {
             return false;
         }
         let streams = std::mem::take(&mut *self.lock());
-        for stream in &streams {
+        for stream in streams.iter().filter_map(WeakUnboundedSender::upgrade) {
             let _ = stream.send(Outbound::Heartbeat);
         }
         true
@@ -49,11 +53,11 @@ impl Preemption {
             return; // its messages carry the notice from the first
         }
         let mut streams = self.lock();
-        streams.retain(|open| !open.is_closed());
-        streams.push(stream.clone());
+        streams.retain(|open| open.strong_count() > 0);
+        streams.push(stream.downgrade());
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<ReplySender>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<WeakUnboundedSender<Outbound>>> {
         self.streams.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -74,15 +78,21 @@ mod tests {
     fn the_first_notice_wins_and_every_open_stream_is_told_once() {
         let preemption = Preemption::default();
         let (open, mut open_rx) = tokio::sync::mpsc::unbounded_channel();
-        let (closed, closed_rx) = tokio::sync::mpsc::unbounded_channel();
+        let (gone, _gone_rx) = tokio::sync::mpsc::unbounded_channel();
         preemption.watch(&open);
-        preemption.watch(&closed);
-        drop(closed_rx);
+        preemption.watch(&gone);
+        drop(gone);
         assert!(preemption.notice().is_none());
         assert!(preemption.announce(notice("gce")));
         assert!(!preemption.announce(notice("signal")));
         assert_eq!(preemption.notice().map(|n| n.source.as_str()), Some("gce"));
         assert!(matches!(open_rx.try_recv(), Ok(Outbound::Heartbeat)));
         assert!(open_rx.try_recv().is_err(), "told once");
+        // Watching holds no sender: the stream's response still ends when its own goes.
+        drop(open);
+        assert!(matches!(
+            open_rx.try_recv(),
+            Err(tokio::sync::mpsc::error::TryRecvError::Disconnected)
+        ));
     }
 }
