@@ -290,7 +290,7 @@ impl WorkerServer {
                     tracing::info!(
                         target: crate::log_target::WORKER,
                         source = source.as_str(),
-                        "worker {index} on {address} received a preemption notice ({source}: \
+                        "a preemption notice reached worker {index} on {address} ({source}: \
                          {detail}); {}; it takes no new closures and hands queued ones back",
                         when,
                     );

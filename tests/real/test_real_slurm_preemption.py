@@ -37,9 +37,10 @@ def test_slurm_signal_before_the_time_limit_is_a_preemption_notice(
     done = slurm.wait_job(job, tmp_path, timeout=200)
     out = done.output
     assert (done.state, done.exit_code) == ("COMPLETED", "0:0"), out
-    notice = re.search(
-        r"received a preemption notice \(signal: SIGUSR1\); deadline in ([\d.]+) s", out
+    pattern = (
+        r"a preemption notice reached worker 0 on \S+ \(signal: SIGUSR1\); deadline in ([\d.]+) s"
     )
+    notice = re.search(pattern, out)
     assert notice and 90 <= float(notice.group(1)) <= 100, out
     assert "worker step exited with status 0" in out, out
     # It drained: it stopped well before the time limit, having said so.

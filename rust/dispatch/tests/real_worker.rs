@@ -372,7 +372,7 @@ fn a_preempted_worker_gets_nothing_more_and_its_queued_closures_run_elsewhere_un
         dispatcher.worker_statuses()[preempted]
             .preemption
             .as_ref()
-            .is_some_and(|n| n.source == "gce" && n.deadline_unix_seconds == deadline)
+            .is_some_and(|n| n.source == "gce" && (n.deadline_unix_seconds - deadline).abs() < 1e-6)
     });
     let ran_before = workers[preempted].ran().len();
     for (n, cell) in (0..12u8).zip(&cells) {
