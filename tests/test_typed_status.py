@@ -45,6 +45,9 @@ REPORT_KEYS = [
     "slice_index",
     "slice_rank",
     "slice_size",
+    "preemption_source",
+    "preemption_deadline",
+    "preemption_detail",
 ]
 #: What ``Dispatcher.worker_statuses()`` added to a worker's report, in order.
 LINK_KEYS = [
@@ -68,14 +71,15 @@ METRICS_KEYS = [
     "worker_failures",
     "ps_failures",
     "functions_registered",
+    "preemptions",
     "workers",
     "latency",
 ]
 LATENCY_KEYS = ["bounds", "counts", "count", "sum", "max", "p50", "p99"]
 
 ENUMS: list[tuple[Any, list[str]]] = [
-    (core.WorkerState, ["up", "recovering", "given_up", "removed"]),
-    (core.ServingState, ["serving", "draining", "unspecified"]),
+    (core.WorkerState, ["up", "recovering", "given_up", "removed", "preempting"]),
+    (core.ServingState, ["serving", "draining", "preempting", "unspecified"]),
     (core.FunctionKind, ["cloudpickle", "jax_export"]),
     (core.ErrorKind, ["user", "input", "function_load", "infrastructure", "cancelled"]),
     (core.ResourceState, ["pending", "ready", "failed", "aborted", "lost"]),

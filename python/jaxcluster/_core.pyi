@@ -44,6 +44,7 @@ class WorkerState:
     RECOVERING: WorkerState  # 'recovering'
     GIVEN_UP: WorkerState  # 'given_up'
     REMOVED: WorkerState  # 'removed'
+    PREEMPTING: WorkerState  # 'preempting'
     def __new__(cls, value: str) -> Self:
         """The variant spelled ``value`` (``ValueError`` if none is)."""
 
@@ -73,6 +74,7 @@ class ServingState:
 
     SERVING: ServingState  # 'serving'
     DRAINING: ServingState  # 'draining'
+    PREEMPTING: ServingState  # 'preempting'
     UNSPECIFIED: ServingState  # 'unspecified'
     def __new__(cls, value: str) -> Self:
         """The variant spelled ``value`` (``ValueError`` if none is)."""
@@ -268,6 +270,20 @@ class WorkerReport:
     def slice_rank(self) -> int | None: ...
     @property
     def slice_size(self) -> int | None: ...
+    @property
+    def preemption_source(self) -> str | None:
+        """Who announced the worker's preemption (``'gce'``, ``'aws'``, ``'signal'``);
+        ``None`` without a notice."""
+
+    @property
+    def preemption_deadline(self) -> float | None:
+        """When the worker expects to be gone, seconds since the epoch; ``None`` without
+        a notice or a deadline."""
+
+    @property
+    def preemption_detail(self) -> str | None:
+        """What the notice said (``'instance/preempted=TRUE'``, ``'SIGUSR1'``)."""
+
     def to_dict(self) -> dict[str, Any]:
         """The plain dict (for JSON, Prometheus and callers written against it)."""
 
@@ -297,7 +313,8 @@ class WorkerStatus:
     def address(self) -> str: ...
     @property
     def state(self) -> WorkerState:
-        """The link's state: up, recovering, given_up or removed."""
+        """The link's state: up, recovering, given_up or removed; ``preempting`` while a
+        worker that announced its preemption is up or awaited."""
 
     @property
     def in_state_seconds(self) -> float: ...
@@ -324,6 +341,16 @@ class WorkerStatus:
     @property
     def uptime_seconds(self) -> float | None:
         """The report's uptime, carried forward to now while the worker is up."""
+
+    @property
+    def preemption_source(self) -> str | None:
+        """Who announced this worker's preemption (``'gce'``, ``'aws'``, ``'signal'``);
+        ``None`` unless it is ``preempting``."""
+
+    @property
+    def preemption_deadline(self) -> float | None:
+        """When the worker expects to be gone, in seconds since the epoch (``None``:
+        not preempting, or no deadline given)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict (for JSON, Prometheus and callers written against it)."""
@@ -424,6 +451,11 @@ class Metrics:
     @property
     def functions_registered(self) -> int:
         """Payloads sent to workers."""
+
+    @property
+    def preemptions(self) -> dict[str, int]:
+        """Preemption notices workers announced, by source (``'gce'``, ``'aws'``,
+        ``'signal'``)."""
 
     @property
     def workers(self) -> list[WorkerMetrics]: ...
@@ -741,6 +773,15 @@ class WorkerServer:
         """Stops taking closures: new and queued ones get ``UNAVAILABLE`` so a coordinator
         retries them elsewhere; the running one finishes. ``False`` if already begun.
         Safe to call from a signal handler."""
+
+    def preempt(self, source: str, deadline: float = 0.0, detail: str = "") -> bool:
+        """A preemption notice arrived (``source``: ``'gce'``, ``'aws'``, ``'signal'``;
+        ``deadline``: seconds since the epoch, 0 if unknown): the worker reports
+        ``preempting`` with it (``GetStatus``, and at once on every open stream), logs it
+        and begins shutdown as :meth:`begin_shutdown`. ``False`` if a notice had
+        arrived already. Safe to call from a signal handler.
+
+        Example: ``server.preempt("signal", time.time() + 30, "SIGTERM")``"""
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Waits until shutdown has begun and no job is queued or running."""

@@ -74,6 +74,9 @@ class TaskProcess:
             "--index",
             str(index),
             "--stop-on-stdin-eof",
+            # Processes on this one machine: its metadata server speaks for the
+            # coordinator too, so local workers read signals only (no probes).
+            *(["--preemption-notice", "signal"] if job == "worker" else []),
             *extra,
         ]
         self.popen = subprocess.Popen(

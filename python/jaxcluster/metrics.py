@@ -159,6 +159,15 @@ class _CoordinatorCollector:
             "Function payloads sent to workers.",
             m.functions_registered,
         )
+        preemptions = core.CounterMetricFamily(
+            "jaxcluster_preemptions",
+            "Preemption notices workers announced (then they got no new closure and their "
+            "unstarted ones ran elsewhere, uncharged), by source: gce, aws, signal.",
+            labels=["source"],
+        )
+        for source, count in sorted(m.preemptions.items()):
+            preemptions.add_metric([source], count)
+        yield preemptions
         yield _histogram(
             core,
             "jaxcluster_closure_latency_seconds",
@@ -279,8 +288,8 @@ class _WorkerCollector:
         yield _gauge(
             core,
             "jaxcluster_executor_draining",
-            "1 once the worker is shutting down.",
-            1 if s.state == _core.ServingState.DRAINING else 0,
+            "1 once the worker is shutting down (draining, or preempting after a notice).",
+            1 if s.state in (_core.ServingState.DRAINING, _core.ServingState.PREEMPTING) else 0,
         )
         yield _histogram(
             core,

@@ -1,7 +1,9 @@
 //! Counters of the dispatcher, updated without locks; the latency histogram is
 //! [`crate::histogram`], shared with the worker's execution-time histogram.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 pub(crate) use crate::histogram::Histogram;
 pub use crate::histogram::LatencySnapshot;
@@ -14,10 +16,31 @@ pub(crate) struct Counters {
     pub retried: AtomicU64,
     pub worker_failures: AtomicU64,
     pub functions_registered: AtomicU64,
+    /// Preemption notices acted on, by source (`"gce"`, `"aws"`, `"signal"`); rare, so a
+    /// lock is no cost.
+    pub preemptions: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Counters {
     pub fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one preemption notice from `source`.
+    pub fn count_preemption(&self, source: &str) {
+        *self
+            .preemptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(source.to_owned())
+            .or_default() += 1;
+    }
+
+    /// Preemption notices so far, by source.
+    pub fn preemptions(&self) -> BTreeMap<String, u64> {
+        self.preemptions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }

@@ -103,6 +103,9 @@ pub struct WorkerSnapshot {
     pub retried: u64,
     /// Times this worker was found failed.
     pub failures: u64,
+    /// The worker process's preemption notice, once it announced one; cleared when a new
+    /// process answers on its address.
+    pub preemption: Option<pb::PreemptionNotice>,
 }
 
 struct Info {
@@ -110,6 +113,7 @@ struct Info {
     since: Instant,
     last_error: Option<String>,
     status: Option<(pb::GetStatusResponse, Instant)>,
+    preemption: Option<pb::PreemptionNotice>,
 }
 
 /// The shared, lockable status of one link (written by the link, read by anyone).
@@ -142,6 +146,7 @@ impl LinkStatus {
                 since: Instant::now(),
                 last_error: None,
                 status: None,
+                preemption: None,
             }),
             counters: LinkCounters::default(),
             retiring: watch::Sender::new(false),
@@ -211,6 +216,11 @@ impl LinkStatus {
         self.lock().status = Some((status, Instant::now()));
     }
 
+    /// Records the worker's preemption notice (`None`: a new worker process, none).
+    pub fn set_preemption(&self, notice: Option<pb::PreemptionNotice>) {
+        self.lock().preemption = notice;
+    }
+
     /// How long ago the last `GetStatus` answer was recorded; `None` if never.
     pub fn status_age(&self) -> Option<Duration> {
         self.lock().status.as_ref().map(|(_, at)| at.elapsed())
@@ -231,6 +241,7 @@ impl LinkStatus {
             failed: load(&self.counters.failed),
             retried: load(&self.counters.retried),
             failures: load(&self.counters.failures),
+            preemption: info.preemption.clone(),
         }
     }
 }

@@ -11,7 +11,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyString, PyTuple, PyType};
 
-use crate::dispatch::{FailureKind, LinkState, ResourceStatus};
+use crate::dispatch::{FailureKind, LinkState, ResourceStatus, WorkerSnapshot};
 use crate::rpc::pb;
 use crate::rpc::wire::codes::{
     error_kind_name, function_kind_name, parse_function_kind, serving_state_name, CANCELLED_KIND,
@@ -152,6 +152,8 @@ spelled_enum! {
         GivenUp as "GIVEN_UP" => LinkState::GivenUp.label(),
         /// Taken out by `remove_workers`.
         Removed as "REMOVED" => LinkState::Removed.label(),
+        /// Announced its preemption (up or recovering meanwhile): gets no new closure.
+        Preempting as "PREEMPTING" => serving_state_name(pb::ServingState::Preempting),
     }
 }
 
@@ -166,6 +168,19 @@ impl From<LinkState> for WorkerState {
     }
 }
 
+impl WorkerState {
+    /// The state a snapshot shows: `preempting` while a worker process that announced its
+    /// preemption is up or being waited for, else the link's state.
+    pub fn of(snapshot: &WorkerSnapshot) -> Self {
+        match snapshot.state {
+            LinkState::Up | LinkState::Recovering if snapshot.preemption.is_some() => {
+                Self::Preempting
+            }
+            state => state.into(),
+        }
+    }
+}
+
 spelled_enum! {
     /// A worker's own serving state, as its `GetStatus` reports it.
     ServingState as "ServingState" {
@@ -173,6 +188,8 @@ spelled_enum! {
         Serving as "SERVING" => serving_state_name(pb::ServingState::Serving),
         /// Finishing what it has before it exits; takes no new closures.
         Draining as "DRAINING" => serving_state_name(pb::ServingState::Draining),
+        /// A preemption notice arrived: draining, gone by the notice's deadline.
+        Preempting as "PREEMPTING" => serving_state_name(pb::ServingState::Preempting),
         /// The proto's zero value (a worker that did not say).
         Unspecified as "UNSPECIFIED" => serving_state_name(pb::ServingState::Unspecified),
     }
@@ -183,6 +200,7 @@ impl From<pb::ServingState> for ServingState {
         match state {
             pb::ServingState::Serving => Self::Serving,
             pb::ServingState::Draining => Self::Draining,
+            pb::ServingState::Preempting => Self::Preempting,
             pb::ServingState::Unspecified => Self::Unspecified,
         }
     }
@@ -344,6 +362,6 @@ mod tests {
         for kind in FunctionKind::ALL {
             assert_eq!(parse_function_kind(kind.spelling()), Ok(kind.proto()));
         }
-        assert_eq!(WorkerState::parse("preempting"), None);
+        assert_eq!(WorkerState::parse("hibernating"), None);
     }
 }

@@ -38,6 +38,7 @@ record! {
         worker_failures: u64 = self.0.worker_failures,
         ps_failures: u64 = self.0.ps_failures,
         functions_registered: u64 = self.0.functions_registered,
+        preemptions: std::collections::BTreeMap<String, u64> = self.0.preemptions.clone(),
         workers: Vec<WorkerMetrics> = self.0.workers.iter().map(WorkerMetrics::from).collect(),
         latency: LatencyHistogram = LatencyHistogram::from(&self.0.latency),
     }
@@ -64,7 +65,7 @@ impl From<&WorkerSnapshot> for WorkerMetrics {
         Self {
             index: w.index,
             address: w.address.clone(),
-            state: w.state.into(),
+            state: WorkerState::of(w),
             in_state_seconds: w.in_state_for.as_secs_f64(),
             completed: w.completed,
             failed: w.failed,

@@ -62,7 +62,18 @@ record! {
         slice_index: Option<u32> = self.0.slice.map(|m| m.index),
         slice_rank: Option<u32> = self.0.slice.map(|m| m.rank),
         slice_size: Option<u32> = self.0.slice.map(|m| m.size),
+        preemption_source: Option<&str> = self.0.preemption.as_ref().map(|n| n.source.as_str()),
+        preemption_deadline: Option<f64> = preemption_deadline(self.0.preemption.as_ref()),
+        preemption_detail: Option<&str> = self.0.preemption.as_ref().map(|n| n.detail.as_str()),
     }
+}
+
+/// A notice's deadline in seconds since the Unix epoch; `None` without a notice or when
+/// the notice gave none.
+fn preemption_deadline(notice: Option<&pb::PreemptionNotice>) -> Option<f64> {
+    notice
+        .map(|n| n.deadline_unix_seconds)
+        .filter(|deadline| *deadline > 0.0)
 }
 
 /// One worker as the coordinator sees it (`Dispatcher.worker_statuses()`,
@@ -120,7 +131,7 @@ record! {
     WorkerStatus as "WorkerStatus" (self) {
         index: usize = self.0.index,
         address: &str = &self.0.address,
-        state: WorkerState = self.0.state.into(),
+        state: WorkerState = WorkerState::of(&self.0),
         in_state_seconds: f64 = self.0.in_state_for.as_secs_f64(),
         last_error: Option<&str> = self.0.last_error.as_deref(),
         completed: u64 = self.0.completed,
@@ -130,6 +141,8 @@ record! {
         report: Option<WorkerReport> = self.0.status.as_ref().map(WorkerReport::from),
         status_age_seconds: Option<f64> = self.0.status_age.map(|age| age.as_secs_f64()),
         uptime_seconds: Option<f64> = self.live_uptime(),
+        preemption_source: Option<&str> = self.0.preemption.as_ref().map(|n| n.source.as_str()),
+        preemption_deadline: Option<f64> = preemption_deadline(self.0.preemption.as_ref()),
     }
 }
 

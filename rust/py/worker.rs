@@ -169,6 +169,11 @@ impl PyWorkerServer {
         self.inner.begin_shutdown()
     }
 
+    #[pyo3(signature = (source, deadline=0.0, detail=""))]
+    fn preempt(&self, source: &str, deadline: f64, detail: &str) -> bool {
+        self.inner.preempt(source, deadline, detail)
+    }
+
     #[pyo3(signature = (timeout=None))]
     fn wait_idle(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let timeout = duration(timeout, "timeout")?;

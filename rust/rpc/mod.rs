@@ -67,6 +67,24 @@ pub fn new_incarnation() -> u64 {
     hasher.finish().max(1)
 }
 
+/// Seconds since the Unix epoch now: the clock a `PreemptionNotice` deadline is read
+/// against (each side's own; clocks of one cluster agree to well under a second).
+pub fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A preemption deadline (seconds since the Unix epoch, 0: none) for log lines:
+/// `"deadline in 28.0 s"` or `"no deadline given"`.
+pub fn describe_deadline(deadline: f64) -> String {
+    if deadline > 0.0 {
+        format!("deadline in {:.1} s", deadline - unix_now())
+    } else {
+        "no deadline given".to_owned()
+    }
+}
+
 /// The content hash of a function payload: its SHA-256 digest.
 ///
 /// ```

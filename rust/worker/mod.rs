@@ -18,6 +18,7 @@
 //! - `jobs.rs`: the job queue between handlers and the executor: jobs, answers and their
 //!   counting, the shutdown protocol, and which streams are halted (under its own lock).
 //! - `stream.rs`: a stream's reply sink and the response stream that batches its answers.
+//! - `preemption.rs`: the preemption notice held, and telling the open streams of it.
 //! - `stats.rs`, `store.rs`, `validate.rs`: counters, the function store, request checks.
 //!
 //! Shutdown is two-phase: [`WorkerServer::begin_shutdown`] stops taking closures (new and
@@ -28,6 +29,7 @@
 
 pub mod jobs;
 mod outgoing;
+pub mod preemption;
 mod reader;
 mod route;
 pub mod service;
@@ -191,6 +193,7 @@ impl WorkerServer {
             connections: Arc::clone(&connections),
             incarnation: crate::rpc::new_incarnation(),
             slice: config.slice,
+            preemption: Arc::default(),
         });
         let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&state)))
             .max_decoding_message_size(limit)
@@ -260,6 +263,47 @@ impl WorkerServer {
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
         }
         true
+    }
+
+    /// A preemption notice arrived (`source`: `"gce"`, `"aws"`, `"signal"`; `deadline`:
+    /// seconds since the Unix epoch, 0 if unknown): records it, so `GetStatus` and every
+    /// stream report `preempting` (each open stream is told at once), logs it, and
+    /// begins the drain, so queued closures go back to their coordinators unrun and the
+    /// running one finishes. Returns `false` if a notice had arrived already (the drain
+    /// still begins). Safe in a signal handler: nothing here logs from the caller.
+    pub fn preempt(&self, source: &str, deadline: f64, detail: &str) -> bool {
+        let notice = pb::PreemptionNotice {
+            source: source.to_owned(),
+            deadline_unix_seconds: deadline,
+            detail: detail.to_owned(),
+        };
+        let first = self.state.preemption.announce(notice);
+        if first {
+            let index = self.state.worker_index;
+            let address = self.local_addr;
+            let (source, detail) = (source.to_owned(), detail.to_owned());
+            let when = crate::rpc::describe_deadline(deadline);
+            if let Ok(runtime) = crate::runtime::runtime() {
+                // INFO, as the drain's own line: the coordinators warn (naming the worker),
+                // and a LocalCluster stopping its workers with SIGTERM stays quiet.
+                runtime.spawn(async move {
+                    tracing::info!(
+                        target: crate::log_target::WORKER,
+                        source = source.as_str(),
+                        "a preemption notice reached worker {index} on {address} ({source}: \
+                         {detail}); {}; it takes no new closures and hands queued ones back",
+                        when,
+                    );
+                });
+            }
+        }
+        self.begin_shutdown();
+        first
+    }
+
+    /// The preemption notice, if one arrived.
+    pub fn preemption(&self) -> Option<pb::PreemptionNotice> {
+        self.state.preemption.notice().cloned()
     }
 
     /// The task logging that draining began, once (see [`Self::begin_shutdown`]): await it

@@ -43,7 +43,7 @@ pub(super) type Incoming =
 /// Starts serving one `RunClosures` call: spawns the task that queues the requests and
 /// returns the stream of answers.
 pub(super) fn serve(state: &Arc<WorkerState>, incoming: Incoming) -> Outgoing {
-    let (sender, lease, replies) = reply_channel(state.max_message_bytes);
+    let (sender, lease, replies) = reply_channel(state.max_message_bytes, &state.preemption);
     let (fail, failed) = oneshot::channel();
     let requests = Requests {
         incoming,

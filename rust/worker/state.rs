@@ -13,6 +13,7 @@ use prost::Message;
 use tonic::Status;
 
 use super::jobs::{JobQueue, JobReply, JobRequest};
+use super::preemption::Preemption;
 use super::stats::{value_bytes, Stats};
 use super::store::{FunctionStore, StoredFunction};
 use super::validate;
@@ -52,13 +53,18 @@ pub struct WorkerState {
     pub incarnation: u64,
     /// The slice this worker is a host of, if any (see `GetStatusResponse.slice`).
     pub slice: Option<pb::SliceMembership>,
+    /// The preemption notice, once one arrived (see `preemption.rs`).
+    pub preemption: Arc<Preemption>,
 }
 
 impl WorkerState {
     /// The `GetStatus` answer right now.
     pub fn status(&self) -> pb::GetStatusResponse {
         let (queued, inflight) = self.queue.depth();
-        let state = if self.queue.is_draining() {
+        let notice = self.preemption.notice().cloned();
+        let state = if notice.is_some() {
+            pb::ServingState::Preempting
+        } else if self.queue.is_draining() {
             pb::ServingState::Draining
         } else {
             pb::ServingState::Serving
@@ -93,6 +99,7 @@ impl WorkerState {
             closure_bytes_received: load(&self.stats.bytes_received),
             closure_bytes_sent: load(&self.stats.bytes_sent),
             slice: self.slice,
+            preemption: notice,
         }
     }
 

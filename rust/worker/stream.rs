@@ -43,6 +43,7 @@ use tonic::Status;
 use crate::rpc::pb;
 use crate::rpc::wire::limits::{too_large, BATCH_MESSAGE_BYTES};
 use crate::worker::jobs::Ran;
+use crate::worker::preemption::Preemption;
 
 /// Most answers sent in one response message; a bound on how long the first answer of a
 /// batch can wait behind the encoding of the others.
@@ -95,14 +96,20 @@ pub(super) type ReplySender = mpsc::UnboundedSender<Outbound>;
 /// A new stream's answer channel: the sender its [`ClosureStream`] will own once the
 /// stream's options arrive, the stream's [`Lease`], and the response stream that sends
 /// what goes into the channel.
-pub(super) fn reply_channel(max_message_bytes: usize) -> (ReplySender, Arc<Lease>, Replies) {
+/// Every message it sends carries the worker's preemption notice once there is one.
+pub(super) fn reply_channel(
+    max_message_bytes: usize,
+    preemption: &Arc<Preemption>,
+) -> (ReplySender, Arc<Lease>, Replies) {
     let (sender, receiver) = mpsc::unbounded_channel();
+    preemption.watch(&sender);
     let lease = Arc::new(Lease::new());
     let replies = Replies {
         receiver,
         held: None,
         batch_bytes: max_message_bytes.min(BATCH_MESSAGE_BYTES),
         lease: Arc::clone(&lease),
+        preemption: Arc::clone(preemption),
         end: None,
         ended: false,
     };
@@ -347,6 +354,8 @@ pub struct Replies {
     /// Largest message answers are gathered into (one larger answer goes alone).
     batch_bytes: usize,
     lease: Arc<Lease>,
+    /// The worker's preemption notice, stamped on every message once it arrived.
+    preemption: Arc<Preemption>,
     /// An error to end the response with, after the message being sent.
     end: Option<Status>,
     /// An error ended the response.
@@ -368,7 +377,8 @@ impl Stream for Replies {
             return Poll::Ready(Some(Err(status)));
         }
         let mut replies = Vec::new();
-        let mut size = HEARTBEAT_FRAMING;
+        let notice = self.preemption.notice().cloned();
+        let mut size = HEARTBEAT_FRAMING + notice.as_ref().map_or(0, Message::encoded_len);
         if let Some(answer) = self.held.take() {
             size += answer.size;
             replies.push(answer.reply);
@@ -407,6 +417,7 @@ impl Stream for Replies {
         }
         let mut message = pb::RunClosuresResponse {
             replies,
+            preemption: notice,
             ..pb::RunClosuresResponse::default()
         };
         self.lease.stamp(&mut message);

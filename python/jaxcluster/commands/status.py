@@ -2,7 +2,8 @@
 
 Asks each task for its ``GetStatus`` (all at once, each bounded by ``--timeout``) with the
 cluster's token, and prints one row per task: state (``serving``, ``draining``, or why it
-could not be asked: ``unreachable``, ``unauthenticated``, ...), closures run and failed,
+could not be asked: ``unreachable``, ``unauthenticated``, ...; ``preempting (gce, 25 s
+left)`` after a preemption notice), closures run and failed,
 uptime, version, and the last error (the task's last closure error, or the error reaching
 it). Exits 1 when a task is not serving, so scripts can use it as a health check.
 
@@ -23,6 +24,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -120,6 +122,8 @@ def _worker_row(task: str, address: str, s: WorkerReport) -> Row:
                 "slice_index",
                 "slice_rank",
                 "slice_size",
+                "preemption_source",
+                "preemption_deadline",
             )
         },
     )
@@ -224,6 +228,17 @@ def _shown(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def _state(row: Row) -> str:
+    """The STATE cell: a preempting worker's says who announced it and the time left."""
+    source = row.details.get("preemption_source")
+    if source is None:
+        return row.state
+    deadline = row.details.get("preemption_deadline")
+    if deadline is None:
+        return f"{row.state} ({source})"
+    return f"{row.state} ({source}, {max(0.0, deadline - time.time()):.0f} s left)"
+
+
 def render(rows: Sequence[Row]) -> str:
     """The table, columns padded to their widest cell. Plain ``str`` padding: a table of a
     few fixed columns needs no rendering library."""
@@ -231,7 +246,7 @@ def render(rows: Sequence[Row]) -> str:
         [
             row.task,
             row.address,
-            row.state,
+            _state(row),
             _shown(row.closures_run),
             _shown(row.closures_failed),
             _uptime(row.uptime_seconds),

@@ -367,7 +367,8 @@ class ClusterCoordinator:
         """Gauges ``queued``/``inflight``, counters ``completed``, ``failed``,
         ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
         failed on an unreachable parameter server, retried as transient or raised),
-        ``functions_registered``, per-worker ``workers`` (``index``, ``address``,
+        ``functions_registered``, ``preemptions`` (notices workers announced, by source:
+        ``{"gce": 1}``), per-worker ``workers`` (``index``, ``address``,
         ``state``, ``in_state_seconds``, ``last_error`` and this coordinator's
         ``completed``/``failed``/``retried``/``failures`` on that worker) and the
         ``latency`` histogram (schedule to result, seconds). All live: read when called,
@@ -383,8 +384,10 @@ class ClusterCoordinator:
     @property
     def workers(self) -> list[WorkerStatus]:
         """One typed ``WorkerStatus`` per worker, by index: ``address``, ``state`` (a
-        ``WorkerState``, equal to its spelling: ``up``, ``recovering``, ``given_up``, or
-        ``removed`` after :meth:`remove_workers`), ``last_error``, this coordinator's counts
+        ``WorkerState``, equal to its spelling: ``up``, ``recovering``, ``given_up``,
+        ``removed`` after :meth:`remove_workers`, or ``preempting`` after the worker announced
+        its preemption, with ``preemption_source`` and ``preemption_deadline``),
+        ``last_error``, this coordinator's counts
         on it, and ``report``, what the worker reports about itself (``closures_run``,
         ``uptime_seconds``, ``jaxcluster_version``, ``platform``, ``incarnation``, ...).
         ``status["key"]``, ``status.get("key")`` and ``status.to_dict()`` read it as the

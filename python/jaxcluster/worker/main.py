@@ -2,7 +2,8 @@
 
 Prints exactly one line, ``jaxcluster worker listening on HOST:PORT``, once it accepts
 requests. SIGTERM (or a first Ctrl-C) stops it taking closures, lets the running one
-finish, and exits with status 0.
+finish, and exits with status 0; SIGTERM and the other preemption notices
+(:mod:`jaxcluster.worker.preemption`) also make it report state ``preempting``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ from jaxcluster._task_process import (
     tls_files,
 )
 from jaxcluster.errors import DeadlineExceededError
+from jaxcluster.worker.preemption import (
+    PreemptionWatch,
+    add_preemption_arguments,
+    signal_number,
+)
 from jaxcluster.worker.slice import SliceMismatchError
 from jaxcluster.worker.slice_flags import (
     add_slice_arguments,
@@ -59,6 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "recently used is evicted first and registered again by its coordinator when needed",
     )
     add_slice_arguments(parser)
+    add_preemption_arguments(parser)
 
 
 def _install_signal_handlers(server: Any) -> None:
@@ -78,10 +85,15 @@ def run(args: argparse.Namespace) -> int:
     raw = getattr(args, "raw_argv", None)
     if raw is None or args.supervised or args.no_restart:
         return _serve(args)
+    try:
+        forwarded = [signal_number(args.preemption_signal)] if args.preemption_signal else []
+    except ValueError as exc:
+        print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     if (args.slice_size or 1) > 1:
         from jaxcluster.worker.supervisor import supervise
 
-        return supervise(raw, dict(os.environ))
+        return supervise(raw, dict(os.environ), forwarded)
     if args.slice_size is None and args.from_resolver is not None:
         # Whether this host is part of a slice depends on what the resolver says: ask
         # once, here, and give the supervised process the answer as flags.
@@ -94,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         if config is not None:
             from jaxcluster.worker.supervisor import supervise
 
-            return supervise([*raw, *explicit_flags(config)], dict(os.environ))
+            return supervise([*raw, *explicit_flags(config)], dict(os.environ), forwarded)
         # Not part of a slice: serve with what was just resolved rather than ask again.
         return _serve(args, resolved=(settings, None))
     return _serve(args)
@@ -117,6 +129,8 @@ def _serve(
     keep_freed_memory()
     try:
         configure_logging(args)
+        if args.preemption_signal:
+            signal_number(args.preemption_signal)  # refused here, before serving
         if resolved is None:
             token, address, index = task_settings(args, job="worker", prog="jaxcluster worker")
             config = slice_config(args, index)
@@ -159,6 +173,8 @@ def _serve(
         return 2
 
     _install_signal_handlers(server)
+    preemption = PreemptionWatch(server, args)
+    preemption.start()
     watch = ParentWatch(server) if args.stop_on_stdin_eof else None
     if watch is not None:
         watch.start()
@@ -186,6 +202,7 @@ def _serve(
             status["closures_failed"],
         )
     finally:
+        preemption.stop()
         if slice_parts is not None:
             slice_parts[1].stop()
         if metrics is not None:

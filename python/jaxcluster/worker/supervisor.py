@@ -78,9 +78,10 @@ def _die_with(parent: int) -> Callable[[], None]:
     return arm
 
 
-def supervise(argv: Sequence[str], environ: dict[str, str]) -> int:
+def supervise(argv: Sequence[str], environ: dict[str, str], forwarded: Sequence[int] = ()) -> int:
     """Runs ``python -m jaxcluster.worker *argv --supervised`` until it ends for good;
-    returns its final exit status."""
+    returns its final exit status. SIGTERM, SIGINT and the ``forwarded`` signals (the
+    ``--preemption-signal``) are passed on to the child and end the supervision."""
     stopping = threading.Event()
     child: list[subprocess.Popen[str] | None] = [None]
     address: list[str | None] = [None]
@@ -91,8 +92,8 @@ def supervise(argv: Sequence[str], environ: dict[str, str]) -> int:
         if process is not None and process.poll() is None:
             process.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    for signum in (signal.SIGTERM, signal.SIGINT, *forwarded):
+        signal.signal(signum, forward)
     backoff = _BACKOFF_START
     previous: int | None = None
     while True:

@@ -53,6 +53,8 @@ pub struct MetricsSnapshot {
     pub ps_failures: u64,
     /// Function payloads sent to workers.
     pub functions_registered: u64,
+    /// Preemption notices workers announced, by source (`"gce"`, `"aws"`, `"signal"`).
+    pub preemptions: std::collections::BTreeMap<String, u64>,
     /// Per-worker address and state.
     pub workers: Vec<WorkerSnapshot>,
     /// Schedule-to-result latency of settled closures.
@@ -94,6 +96,7 @@ impl Dispatcher {
             worker_failures: load(&shared.counters.worker_failures),
             ps_failures: shared.ps_failures.reports(),
             functions_registered: load(&shared.counters.functions_registered),
+            preemptions: shared.counters.preemptions(),
             workers: self.worker_statuses(),
             latency: shared.latency.snapshot(),
         }

@@ -23,6 +23,8 @@ enum Event {
     Ping,
     /// The worker sent nothing for the heartbeat timeout.
     Silent(Duration),
+    /// The worker's preemption deadline passed with closures outstanding.
+    Preempted,
 }
 
 impl<T: WorkerTransport> Link<T> {
@@ -44,6 +46,7 @@ impl<T: WorkerTransport> Link<T> {
             .ping_interval()
             .filter(|_| heartbeat.is_some())
             .map(|every| self.pipeline.last_ping.unwrap_or(now) + every);
+        let preempted_at = self.preemption_deadline();
         let Some(channel) = self.pipeline.channel.as_mut() else {
             // Only reachable if opening failed without settling; put everything back.
             self.abandon();
@@ -58,12 +61,14 @@ impl<T: WorkerTransport> Link<T> {
                 () = sleep_until(deadline) => Event::TimedOut,
                 () = sleep_until(silent_at) => Event::Silent(heartbeat.unwrap_or_default()),
                 () = sleep_until(ping_at) => Event::Ping,
+                () = sleep_until(preempted_at) => Event::Preempted,
             }
         })
         .await;
         match event {
             None => self.abandon(),
             Some(Event::Ping) => self.ping(),
+            Some(Event::Preempted) => self.preemption_deadline_passed(),
             Some(Event::Silent(timeout)) => {
                 // A large answer arrives in chunks for a while; each shows the worker alive.
                 let chunk = self
@@ -181,6 +186,12 @@ impl<T: WorkerTransport> Link<T> {
             RpcError::Unavailable(message) => {
                 // The worker is shutting down: it refuses what it has not started and
                 // finishes what it has; collect those answers, then recover.
+                if self.preempted() {
+                    // Announced: never started there, so not a retry (see preemption.rs).
+                    let mut closure = sent.closure;
+                    closure.attempts -= 1;
+                    return self.requeue(closure);
+                }
                 self.pipeline.going_away = Some(message);
                 return self.put_back(sent.closure);
             }

@@ -53,7 +53,8 @@ impl<T: WorkerTransport> Link<T> {
     }
 
     /// Records a message from the worker: it is alive, its heartbeat is to be acknowledged,
-    /// and it runs `running_closure_id`. Acknowledges at once when closures wait for it.
+    /// and it runs `running_closure_id`. Acknowledges at once when closures wait for it;
+    /// acts on a preemption notice it carries.
     pub(super) fn heard(&mut self, response: &pb::RunClosuresResponse) {
         let pipeline = &mut self.pipeline;
         pipeline.last_heard = Some(Instant::now());
@@ -65,6 +66,9 @@ impl<T: WorkerTransport> Link<T> {
                 heartbeat_ack: ack,
                 ..pb::RunClosuresRequest::default()
             });
+        }
+        if let Some(notice) = &response.preemption {
+            self.noticed(notice);
         }
     }
 
@@ -113,8 +117,9 @@ impl<T: WorkerTransport> Link<T> {
     /// The worker failed with closures outstanding on its stream (`reason` says how);
     /// `charge`: the oldest one was running, and the death counts against it. `before` is the
     /// worker process known before the failure.
+    /// A worker that announced its preemption charges nothing (see `preemption.rs`).
     pub(super) fn worker_died(&mut self, reason: &str, charge: bool, before: Option<Incarnation>) {
-        if charge {
+        if charge && !self.preempted() {
             let address = self.address().to_owned();
             let death = Death::new(self.index, &address, reason, before);
             if let Some(front) = self.pipeline.outstanding.front_mut() {

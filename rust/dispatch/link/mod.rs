@@ -18,6 +18,8 @@
 //!   pipelining stays work-conserving, with the memory-ordering argument.
 //! - `recovery.rs`: the state machine off the happy path (worker failed, probing with
 //!   backoff, rebuilding, giving up).
+//! - `preemption.rs`: a worker's preemption notice: nothing more sent, queued closures
+//!   taken back, the running one finished or re-run by the deadline, all uncharged.
 //! - `liveness.rs`: heartbeats, deaths charged to closures and their post-mortem, and
 //!   failing what is scheduled while no worker was ever reached.
 //!
@@ -30,6 +32,7 @@ mod execute;
 mod liveness;
 mod outstanding;
 mod pipeline;
+mod preemption;
 mod recovery;
 mod stream;
 mod top_up;
@@ -112,6 +115,8 @@ pub(crate) struct Link<T> {
     doomed: Vec<Closure>,
     /// What this link logged about its worker's versions (once per link).
     versions: VersionCheck,
+    /// The preemption notice of the worker process last seen, once it sent one.
+    notice: Option<preemption::Noticed>,
 }
 
 impl<T: WorkerTransport> Link<T> {
@@ -144,6 +149,7 @@ impl<T: WorkerTransport> Link<T> {
             postmortems: Vec::new(),
             doomed: Vec::new(),
             versions: VersionCheck::default(),
+            notice: None,
         }
     }
 

@@ -114,7 +114,13 @@ impl<T: WorkerTransport> Link<T> {
             };
             let mut restarted = false;
             let rebuilt = match answer {
-                Ok(status) if status.state == pb::ServingState::Draining as i32 => {
+                Ok(status) if shutting_down(&status) => {
+                    if self.incarnation != Some(Incarnation::of(&status)) {
+                        self.forget_notice();
+                    }
+                    if let Some(notice) = &status.preemption {
+                        self.noticed(notice);
+                    }
                     self.explain_deaths(&status);
                     Err(Interruption::WorkerFailed(
                         "the worker is shutting down".to_owned(),
@@ -404,6 +410,12 @@ impl<T: WorkerTransport> Link<T> {
     pub(super) fn observe(&mut self, status: pb::GetStatusResponse) -> bool {
         let now = Incarnation::of(&status);
         let restarted = self.incarnation.is_some_and(|before| before != now);
+        if restarted {
+            self.forget_notice();
+        }
+        if let Some(notice) = &status.preemption {
+            self.noticed(notice);
+        }
         self.explain_deaths(&status);
         self.incarnation = Some(now);
         self.heartbeats = status.protocol_revision >= 4;
@@ -433,11 +445,23 @@ impl<T: WorkerTransport> Link<T> {
             .get_status(Some(self.shared.config.probe_timeout));
         match self.call(probe).await {
             None => true,
-            Some(Ok(status)) if status.state == pb::ServingState::Draining as i32 => true,
+            Some(Ok(status)) if shutting_down(&status) => {
+                if let Some(notice) = &status.preemption {
+                    self.noticed(notice);
+                }
+                true
+            }
             Some(Ok(status)) => self.observe(status),
             Some(Err(error)) => !reachable(&error),
         }
     }
+}
+
+/// Whether a `GetStatus` answer says the worker is going away: draining for shutdown, or
+/// preempted (which drains too).
+fn shutting_down(status: &pb::GetStatusResponse) -> bool {
+    status.state == pb::ServingState::Draining as i32
+        || status.state == pb::ServingState::Preempting as i32
 }
 
 /// A port that accepts connections and then hangs up on every probe for the whole

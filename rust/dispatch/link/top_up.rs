@@ -58,8 +58,14 @@ impl<T: WorkerTransport> Link<T> {
                 message = ended => message,
             };
             if let Some(Ok(response)) = message {
-                // A late heartbeat: nothing to do but note it.
+                // A late heartbeat: nothing to do but note it, unless it says the worker
+                // is being preempted: then it takes nothing more.
                 self.heard(&response);
+                if self.preempted() {
+                    self.pipeline.drop_stream();
+                    self.worker_failed(&self.preempted_reason());
+                    return Idle::Lost;
+                }
                 continue;
             }
             // The stream ended or broke.

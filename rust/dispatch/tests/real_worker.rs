@@ -330,3 +330,68 @@ fn a_draining_worker_finishes_its_running_closure_and_hands_back_the_queued_ones
         worker.stop();
     }
 }
+
+#[test]
+fn a_preempted_worker_gets_nothing_more_and_its_queued_closures_run_elsewhere_uncharged() {
+    let workers = [
+        RealWorker::start("127.0.0.1:0"),
+        RealWorker::start("127.0.0.1:0"),
+    ];
+    let addresses: Vec<String> = workers.iter().map(RealWorker::address).collect();
+    let mut config = fast_config();
+    config.max_closure_retries = Some(0);
+    let dispatcher = Dispatcher::new(clients(&addresses, TOKEN), config).unwrap();
+    let slow = register(&dispatcher, SLOW);
+    wait_until("both links are up", || {
+        dispatcher
+            .worker_statuses()
+            .iter()
+            .all(|s| s.state == LinkState::Up)
+    });
+    let cells: Vec<_> = (0..12u8)
+        .map(|n| dispatcher.schedule(&slow, pickled(n), &[]).unwrap())
+        .collect();
+    let mut preempted = None;
+    wait_until("closures are pipelined on a worker", || {
+        preempted = workers.iter().position(|w| {
+            let status = w.server.status();
+            status.inflight == 1 && status.queued >= 1
+        });
+        preempted.is_some()
+    });
+    let preempted = preempted.unwrap_or_default();
+    let deadline = crate::rpc::unix_now() + 30.0;
+    assert!(workers[preempted]
+        .server
+        .preempt("gce", deadline, "instance/preempted=TRUE"));
+    assert!(!workers[preempted].server.preempt("signal", 0.0, "SIGTERM"));
+    let status = workers[preempted].server.status();
+    assert_eq!(status.state(), pb::ServingState::Preempting);
+    assert_eq!(status.preemption.map(|n| n.source), Some("gce".to_owned()));
+    wait_until("the link saw the notice", || {
+        dispatcher.worker_statuses()[preempted]
+            .preemption
+            .as_ref()
+            .is_some_and(|n| n.source == "gce" && (n.deadline_unix_seconds - deadline).abs() < 1e-6)
+    });
+    let ran_before = workers[preempted].ran().len();
+    for (n, cell) in (0..12u8).zip(&cells) {
+        assert_eq!(value(cell), pickled(n));
+    }
+    // Nothing started there after the notice but the closure already running, and every
+    // closure ran exactly once; none was charged (max_closure_retries=0) or counted a retry.
+    assert!(workers[preempted].ran().len() <= ran_before + 1);
+    let mut ran: Vec<u64> = workers.iter().flat_map(RealWorker::ran).collect();
+    ran.sort_unstable();
+    let mut ids: Vec<u64> = cells.iter().map(|cell| cell.id()).collect();
+    ids.sort_unstable();
+    assert_eq!(ran, ids);
+    let metrics = dispatcher.metrics();
+    assert_eq!(metrics.failed, 0);
+    assert_eq!(metrics.retried, 0);
+    assert_eq!(metrics.preemptions.get("gce"), Some(&1));
+    dispatcher.shutdown();
+    for worker in workers {
+        worker.stop();
+    }
+}

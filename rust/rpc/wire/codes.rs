@@ -153,12 +153,13 @@ pub fn parse_error_kind(name: &str) -> Result<pb::ErrorKind, String> {
 pub const CANCELLED_KIND: &str = "cancelled";
 
 /// The name of a worker's serving state, as `GetStatus` reports it: `"serving"`,
-/// `"draining"` (`"unspecified"` for the proto's zero value).
+/// `"draining"`, `"preempting"` (`"unspecified"` for the proto's zero value).
 pub fn serving_state_name(state: pb::ServingState) -> &'static str {
     match state {
         pb::ServingState::Unspecified => "unspecified",
         pb::ServingState::Serving => "serving",
         pb::ServingState::Draining => "draining",
+        pb::ServingState::Preempting => "preempting",
     }
 }
 

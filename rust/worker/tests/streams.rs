@@ -303,7 +303,7 @@ async fn answers_are_gathered_into_messages_of_half_a_frame() {
     use prost::Message as _;
     use tokio_stream::StreamExt as _;
 
-    let (sender, _lease, mut replies) = reply_channel(64 << 20);
+    let (sender, _lease, mut replies) = reply_channel(64 << 20, &std::sync::Arc::default());
     for id in 1..=20_u64 {
         let value = pb::Value {
             pickle: Bytes::from_static(PICKLED_ONE),

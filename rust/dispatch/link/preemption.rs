@@ -1,0 +1,112 @@
+//! A worker's preemption notice as its link acts on it (`jaxcluster worker
+//! --preemption-notice`; the worker side is `worker/preemption.rs`).
+//!
+//! The notice reaches the link on the `RunClosures` stream (the worker sends a message on
+//! every open stream the moment it arrives, and stamps every later one) or in a
+//! `GetStatus` answer. The link then, at once: sends nothing more (its pipeline is
+//! `going_away`), asks for its queued closures back (`return_queued`; the worker's drain
+//! hands them back too), and lets the running closure finish while the deadline allows.
+//! None of this is charged to a closure: a closure handed back never started, and the
+//! worker's death after a notice, or the deadline passing under a running closure, puts
+//! the closure back without a death (`max_closure_retries` counts deaths). Once nothing is
+//! outstanding the link recovers as from a drain, and a new incarnation on the same address
+//! (the replacement VM or process) serves again with the notice forgotten.
+
+use std::time::{Duration, Instant};
+
+use super::Link;
+use crate::dispatch::transport::WorkerTransport;
+use crate::log_target::DISPATCH;
+use crate::rpc::{describe_deadline, pb, unix_now};
+
+/// A notice this link acted on: what the worker said, and its deadline on this clock.
+pub(super) struct Noticed {
+    pub notice: pb::PreemptionNotice,
+    pub deadline: Option<Instant>,
+}
+
+impl<T: WorkerTransport> Link<T> {
+    /// Acts on `notice` the first time this worker process reports one (see the module
+    /// documentation); later reports change nothing.
+    pub(super) fn noticed(&mut self, notice: &pb::PreemptionNotice) {
+        if self.notice.is_some() {
+            return;
+        }
+        let left = notice.deadline_unix_seconds - unix_now();
+        let deadline = (notice.deadline_unix_seconds > 0.0)
+            .then(|| Instant::now() + Duration::from_secs_f64(left.max(0.0)));
+        self.notice = Some(Noticed {
+            notice: notice.clone(),
+            deadline,
+        });
+        self.status.set_preemption(Some(notice.clone()));
+        self.shared.counters.count_preemption(&notice.source);
+        let outstanding = self.pipeline.outstanding.len();
+        tracing::warn!(
+            target: DISPATCH,
+            worker = self.address(),
+            worker_index = self.index,
+            source = notice.source.as_str(),
+            deadline = notice.deadline_unix_seconds,
+            "worker {} (worker {}) is being preempted ({}: {}; {}): it gets no new closure, \
+             {} closure(s) outstanding on it are taken back or finish there, none charged \
+             to max_closure_retries",
+            self.address(),
+            self.index,
+            notice.source,
+            notice.detail,
+            describe_deadline(notice.deadline_unix_seconds),
+            outstanding,
+        );
+        if self.pipeline.going_away.is_none() {
+            self.pipeline.going_away = Some(self.preempted_reason());
+        }
+        if outstanding > 1 {
+            if let Some(channel) = &self.pipeline.channel {
+                channel.send(pb::RunClosuresRequest {
+                    return_queued: true,
+                    ..pb::RunClosuresRequest::default()
+                });
+            }
+        }
+    }
+
+    /// Whether this worker process announced its preemption.
+    pub(super) fn preempted(&self) -> bool {
+        self.notice.is_some()
+    }
+
+    /// When the running closure stops being worth waiting for: the notice's deadline.
+    pub(super) fn preemption_deadline(&self) -> Option<Instant> {
+        self.notice.as_ref().and_then(|noticed| noticed.deadline)
+    }
+
+    /// A new worker process answers on this address: the notice was the old one's.
+    pub(super) fn forget_notice(&mut self) {
+        if self.notice.take().is_some() {
+            self.status.set_preemption(None);
+        }
+    }
+
+    /// Why the link stops using its worker, for `last_error` and log lines.
+    pub(super) fn preempted_reason(&self) -> String {
+        match &self.notice {
+            Some(noticed) => format!(
+                "the worker is being preempted ({}: {})",
+                noticed.notice.source, noticed.notice.detail
+            ),
+            None => "the worker is being preempted".to_owned(),
+        }
+    }
+
+    /// The deadline passed with the worker still running a closure: run it elsewhere,
+    /// uncharged (the worker's answer, if it comes, goes nowhere).
+    pub(super) fn preemption_deadline_passed(&mut self) {
+        let reason = format!(
+            "{}, and its deadline passed before its running closure finished",
+            self.preempted_reason()
+        );
+        self.pipeline.drop_stream();
+        self.worker_died(&reason, false, self.incarnation);
+    }
+}
