@@ -12,6 +12,7 @@ use std::time::Instant;
 use prost::Message;
 use tonic::Status;
 
+use super::acks::Farewells;
 use super::jobs::{JobQueue, JobReply, JobRequest};
 use super::stats::{value_bytes, Stats};
 use super::store::{FunctionStore, StoredFunction};
@@ -52,6 +53,9 @@ pub struct WorkerState {
     pub incarnation: u64,
     /// The slice this worker is a host of, if any (see `GetStatusResponse.slice`).
     pub slice: Option<pb::SliceMembership>,
+    /// The streams being read, which a drain waits on until their answers are
+    /// acknowledged.
+    pub farewells: Farewells,
 }
 
 impl WorkerState {
