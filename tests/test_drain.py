@@ -49,7 +49,7 @@ def test_a_closure_running_when_its_worker_is_sigtermed_runs_once(tmp_path: Path
             numbers = range(r * per_round, (r + 1) * per_round)
             values = [coordinator.schedule(long_closure, args=(str(tmp_path), i)) for i in numbers]
             wait_until(
-                lambda: any(str(pid) in pids for pids in _starts(tmp_path).values()),
+                lambda pid=pid: any(str(pid) in pids for pids in _starts(tmp_path).values()),
                 "a closure running on worker 0",
             )
             os.kill(pid, signal.SIGTERM)
