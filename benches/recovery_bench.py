@@ -77,6 +77,9 @@ def worker_kill_to_rerun(kills: int) -> list[tuple[float, float]]:
     ):
         directory = Path(work)
         for i in range(kills):
+            # Every worker up again (the one restarted last time reconnected), so the kill
+            # is the only thing the re-run waits for.
+            _wait(lambda: all(w.state == "up" for w in coordinator.workers), "all workers up")
             value = coordinator.schedule(resumable, args=(work, i))
             _, pid = _wait(lambda i=i: _starts(directory, i), "the first start")[0]
             index = next(k for k in range(cluster.num_workers) if cluster.worker_pid(k) == pid)
