@@ -9,6 +9,7 @@ runs longer than ``heartbeat_timeout`` after the signal, and records each start 
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -37,6 +38,10 @@ def _starts(directory: Path) -> dict[int, list[str]]:
     return starts
 
 
+def _runs_on(directory: Path, pid: int) -> bool:
+    return any(str(pid) in pids for pids in _starts(directory).values())
+
+
 def test_a_closure_running_when_its_worker_is_sigtermed_runs_once(tmp_path: Path) -> None:
     rounds, per_round = 2, 4
     with (
@@ -48,10 +53,7 @@ def test_a_closure_running_when_its_worker_is_sigtermed_runs_once(tmp_path: Path
             assert pid is not None
             numbers = range(r * per_round, (r + 1) * per_round)
             values = [coordinator.schedule(long_closure, args=(str(tmp_path), i)) for i in numbers]
-            wait_until(
-                lambda pid=pid: any(str(pid) in pids for pids in _starts(tmp_path).values()),
-                "a closure running on worker 0",
-            )
+            wait_until(functools.partial(_runs_on, tmp_path, pid), "a closure running on worker 0")
             os.kill(pid, signal.SIGTERM)
             wait_until(lambda: cluster.worker_pid(0) is None, "worker 0 to drain and exit")
             cluster.restart_worker(0)
