@@ -18,10 +18,12 @@ Invariants (the run exits 1 naming each one that failed):
 - nothing lost: every closure scheduled returned its value (none failed, none cancelled);
 - values right: each value is what the closure computes from its arguments;
 - at-most-once where promised: TF's execution is at least once, and a closure may run again
-  when the process that ran it was SIGKILLed, drained, frozen or declared failed by the
-  coordinator (the "lost worker" warning) after it started, since its result may never have
-  arrived. Every extra start must be explained so: one on a process none of those events
-  followed (e.g. a pipelined closure started by a worker whose lease had run out) fails the run.
+  when the process that ran it was SIGKILLed, frozen or declared failed by the coordinator
+  (the "lost worker" warning, unless it was for a drain) after it started, since its result
+  may never have arrived. A drain (SIGTERM) explains nothing: the drained worker answers
+  what it ran and exits only once that answer was acknowledged. Every extra start must be
+  explained so: one on a process none of those events followed (e.g. a pipelined closure
+  started by a worker whose lease had run out, or one a drained worker ran) fails the run.
   The report counts duplicates per kind of event, and the coordinator's declarations that
   no injected fault explains (a live worker starved of CPU past the heartbeat bound). A
   closure logs its start from inside its function, so one a worker took from its queue just
@@ -75,17 +77,20 @@ def work(log_dir: str, i: int) -> int:
 
 
 class Declarations(logging.Handler):
-    """Records the coordinator's "lost worker ... (worker N)" warnings: (time, index)."""
+    """Records the coordinator's "lost worker ... (worker N)" warnings: (time, index); not
+    those of a worker that drained (it promised to answer what it ran)."""
 
     PATTERN = re.compile(r"^lost worker \S+ \(worker (\d+)\)")
+    DRAINED = ("is draining", "is shutting down", "drained and ended")
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.lost: list[tuple[float, int]] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        match = self.PATTERN.match(record.getMessage())
-        if match:
+        message = record.getMessage()
+        match = self.PATTERN.match(message)
+        if match and not any(drained in message for drained in self.DRAINED):
             self.lost.append((record.created, int(match.group(1))))
 
 
@@ -119,7 +124,8 @@ def audit_repeats(
 
     def explanation(start: float, pid: int) -> str | None:
         for when, kind, faulted in chaos.faults:
-            if faulted == pid and when >= start:
+            # A drain promises to answer the closure it runs: no excuse for a second run.
+            if faulted == pid and when >= start and kind != "term":
                 return kind
         for resumed, faulted in chaos.resumes:
             if faulted == pid and 0 <= start - resumed <= RESUME_SLACK:

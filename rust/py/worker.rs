@@ -33,6 +33,10 @@ fn reported_kind(kind: &Bound<'_, PyAny>) -> PyResult<pb::ErrorKind> {
     parse_error_kind(&kind).map_err(PyValueError::new_err)
 }
 
+/// Least time a shutdown waits for acknowledgements of the last answers, even when the
+/// running closure used up its drain deadline.
+const ACK_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn worker_error(error: WorkerError) -> PyErr {
     match error {
         WorkerError::Config(message) => PyValueError::new_err(message),
@@ -184,7 +188,26 @@ impl PyWorkerServer {
     #[pyo3(signature = (timeout=None))]
     fn shutdown(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         self.inner.begin_shutdown();
+        let started = std::time::Instant::now();
         let idle = self.wait_idle(py, timeout)?;
+        if idle {
+            // The answers just sent must reach their coordinators before the process may
+            // exit (else it runs those closures again elsewhere): within the drain
+            // deadline, but a closure answered at the deadline still gets a moment.
+            let left = duration(timeout, "timeout")?
+                .map(|t| t.saturating_sub(started.elapsed()).max(ACK_GRACE));
+            let server = &self.inner;
+            wait_in_slices(py, left, |slice| server.wait_acknowledged(slice))?;
+        }
+        let unacknowledged = self.inner.release_streams();
+        if !unacknowledged.is_empty() {
+            tracing::warn!(
+                target: crate::log_target::WORKER,
+                "worker {} stopped before its coordinator acknowledged the answers to \
+                 closure(s) {unacknowledged:?}: they may run again on another worker",
+                self.inner.status().worker_index,
+            );
+        }
         if let Some(logging) = self.inner.take_drain_log() {
             // Bounded: a log line is not worth holding up a shutdown for.
             let _ = block_detached(py, async {

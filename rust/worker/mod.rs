@@ -15,6 +15,8 @@
 //! - `reader.rs`: the task reading one `RunClosures` stream into jobs.
 //! - `state.rs`: [`state::WorkerState`], the one state everything shares, and what a
 //!   request goes through before it is a job (validation, lookup, size checks).
+//! - `acks.rs`: what a draining worker still owes: answers not acknowledged, and the
+//!   streams the drain waits on.
 //! - `jobs.rs`: the job queue between handlers and the executor: jobs, answers and their
 //!   counting, the shutdown protocol, and which streams are halted (under its own lock).
 //! - `stream.rs`: a stream's reply sink and the response stream that batches its answers.
@@ -23,10 +25,13 @@
 //!
 //! Shutdown is two-phase: [`WorkerServer::begin_shutdown`] stops taking closures (new and
 //! queued ones get `UNAVAILABLE`, so a coordinator retries them elsewhere; open streams
-//! stop reading and end once answered) while the one in progress finishes;
+//! end once their answers are acknowledged) while the one in progress finishes;
+//! [`WorkerServer::wait_acknowledged`] waits for those acknowledgements, up to the drain
+//! deadline, and [`WorkerServer::release_streams`] names the answers that were not;
 //! [`WorkerServer::stop_serving`] then closes the listener and lets in-flight RPCs
 //! complete.
 
+pub mod acks;
 pub mod jobs;
 mod outgoing;
 pub mod preemption;
@@ -194,6 +199,7 @@ impl WorkerServer {
             incarnation: crate::rpc::new_incarnation(),
             slice: config.slice,
             preemption: Arc::default(),
+            farewells: acks::Farewells::default(),
         });
         let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&state)))
             .max_decoding_message_size(limit)
@@ -325,6 +331,18 @@ impl WorkerServer {
         self.state.queue.wait_idle(timeout)
     }
 
+    /// Blocks up to `timeout` until every open stream has had its answers acknowledged by
+    /// its coordinator (or was ended by it); call after [`WorkerServer::wait_idle`].
+    pub fn wait_acknowledged(&self, timeout: Duration) -> bool {
+        self.state.farewells.wait_closed(timeout)
+    }
+
+    /// Ends the streams still waiting for acknowledgements (the drain deadline passed);
+    /// returns the closures whose answers were not acknowledged (empty: none).
+    pub fn release_streams(&self) -> Vec<u64> {
+        self.state.farewells.release()
+    }
+
     /// The `GetStatus` answer right now.
     pub fn status(&self) -> pb::GetStatusResponse {
         self.state.status()
@@ -345,8 +363,10 @@ impl WorkerServer {
 impl Drop for WorkerServer {
     fn drop(&mut self) {
         // Queued closures are answered `UNAVAILABLE` before the serving task (a field,
-        // dropped after this) is stopped and aborted.
+        // dropped after this) is stopped and aborted; no stream waits for
+        // acknowledgements any more.
         self.state.queue.begin_drain();
+        self.state.farewells.release();
     }
 }
 

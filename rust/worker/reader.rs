@@ -1,9 +1,11 @@
 //! The reading half of `RunClosures`: the task that turns a stream's request messages into
 //! jobs of the one job queue, answered on the stream's [`ClosureStream`].
 //!
-//! When the worker begins shutting down, every reader stops reading: queued closures are
-//! refused `UNAVAILABLE` (as unary ones are), the running one is answered, and then the
-//! stream ends, so a graceful server stop does not wait for clients to close their streams.
+//! When the worker begins shutting down, queued closures are refused `UNAVAILABLE` (as
+//! unary ones are, and so is every closure that arrives later), the running one is
+//! answered, and the stream ends once the coordinator has acknowledged every answer
+//! (`acks.rs`) or the drain deadline released it, so a graceful server stop does not wait
+//! for clients to close their streams, and no answer is lost to the exit.
 //!
 //! A reader registers its stream with the job queue while it reads, because only a reader
 //! queues closures: the queue keeps the stream's halted state (`halt_on_error`) from then
@@ -167,12 +169,14 @@ async fn read_requests(
         lease,
     ));
     state.queue.open_stream(&stream);
+    state.farewells.open(stream.id(), stream.shared_lease());
     read_stream(&state, &stream, first, requests).await;
+    state.farewells.close(stream.id());
     state.queue.close_stream(&stream);
 }
 
-/// Applies `first`, then every later message, until the client half-closes or goes away
-/// or the worker begins shutting down.
+/// Applies `first`, then every later message, until the client half-closes or goes away,
+/// or the worker drains and owes the stream nothing more.
 async fn read_stream(
     state: &WorkerState,
     stream: &Arc<ClosureStream>,
@@ -181,15 +185,31 @@ async fn read_stream(
 ) {
     queue_message(state, stream, first);
     let mut progress_heartbeat: Option<Instant> = None;
+    let mut draining = false;
     loop {
+        if draining && !stream.lease().is_running() && stream.lease().is_settled() {
+            // Nothing runs and every answer arrived: the stream ends (OK) and the
+            // server can stop.
+            return;
+        }
         let next = tokio::select! {
             next = requests.next() => next,
             // The client may cancel while sending nothing: stop waiting then.
             () = stream.abandoned() => Next::Broken(Status::cancelled("the client went away")),
-            // Shutting down: read nothing more, so the stream ends (OK) once what is
-            // running has been answered, and the server can stop. Closures the client
-            // sends from now on are not answered; it sees the stream end without them.
-            () = state.queue.drained() => return,
+            // Shutting down: keep reading, for the coordinator's acknowledgements of what
+            // was answered and its pings (closures it sends from now on are refused
+            // `UNAVAILABLE` by the queue), until the running closure is answered and
+            // every answer acknowledged (`acks.rs`).
+            () = state.queue.drained(), if !draining => {
+                draining = true;
+                stream.lease().close();
+                // Says so, and asks for an acknowledgement of what was sent.
+                stream.heartbeat();
+                continue;
+            }
+            () = stream.wait_answered(), if draining => continue,
+            // The drain deadline passed: the shutdown stopped waiting.
+            () = state.farewells.released(), if draining => return,
         };
         match next {
             Next::Request(request) => queue_message(state, stream, request),

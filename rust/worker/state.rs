@@ -12,6 +12,7 @@ use std::time::Instant;
 use prost::Message;
 use tonic::Status;
 
+use super::acks::Farewells;
 use super::jobs::{JobQueue, JobReply, JobRequest};
 use super::preemption::Preemption;
 use super::stats::{value_bytes, Stats};
@@ -55,6 +56,9 @@ pub struct WorkerState {
     pub slice: Option<pb::SliceMembership>,
     /// The preemption notice, once one arrived (see `preemption.rs`).
     pub preemption: Arc<Preemption>,
+    /// The streams being read, which a drain waits on until their answers are
+    /// acknowledged.
+    pub farewells: Farewells,
 }
 
 impl WorkerState {

@@ -28,6 +28,10 @@
 //! read from its socket after the freeze still carry old heartbeats, so its queued closures
 //! stay unstarted until the cancelled stream drops them. The stamp is taken when the
 //! message is built, before it is written, which only makes the lease shorter.
+//!
+//! The same acknowledgements tell a draining worker which of its answers arrived: the
+//! lease keeps the stream's [`Ledger`] (see `acks.rs`), and once it is [`Lease::close`]d
+//! every message asks for an acknowledgement at once.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,6 +44,7 @@ use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::Status;
 
+use super::acks::Ledger;
 use crate::rpc::pb;
 use crate::rpc::wire::limits::{too_large, BATCH_MESSAGE_BYTES};
 use crate::worker::jobs::Ran;
@@ -133,6 +138,11 @@ pub struct Lease {
     running: AtomicU64,
     /// Closures wait for a lease: ask the coordinator to acknowledge at once.
     wants_ack: AtomicBool,
+    /// The worker is draining: every message asks for an acknowledgement.
+    closing: AtomicBool,
+    /// Answers sent and not acknowledged (kept only on a leased stream: no other gets
+    /// acknowledgements).
+    ledger: Ledger,
 }
 
 impl Lease {
@@ -144,6 +154,8 @@ impl Lease {
             stamped: AtomicU64::new(0),
             running: AtomicU64::new(0),
             wants_ack: AtomicBool::new(false),
+            closing: AtomicBool::new(false),
+            ledger: Ledger::default(),
         }
     }
 
@@ -178,6 +190,7 @@ impl Lease {
         if ack == 0 || ack > self.stamped.load(Ordering::Acquire) {
             return false;
         }
+        self.ledger.acknowledged(ack);
         let until = (ack - 1).saturating_add(u64::try_from(length.as_micros()).unwrap_or(u64::MAX));
         let now = self.micros(Instant::now());
         let before = self.valid_until.fetch_max(until, Ordering::AcqRel);
@@ -201,13 +214,44 @@ impl Lease {
         self.running.store(closure_id, Ordering::Release);
     }
 
-    /// The heartbeat fields of a message built now.
+    /// Whether one of the stream's closures runs now.
+    pub(super) fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire) != 0
+    }
+
+    /// The worker is draining: from now on every message says so, and (on a leased
+    /// stream) asks for an acknowledgement.
+    pub(super) fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+    }
+
+    /// An answer to `closure_id` is about to enter the response.
+    fn owe(&self, closure_id: u64) {
+        if self.is_leased() {
+            self.ledger.owe(closure_id);
+        }
+    }
+
+    /// Whether every answer sent on the stream was acknowledged.
+    pub(super) fn is_settled(&self) -> bool {
+        self.ledger.is_settled()
+    }
+
+    /// The closures whose answers were not acknowledged, oldest first.
+    pub(super) fn unacknowledged(&self) -> Vec<u64> {
+        self.ledger.unacknowledged()
+    }
+
+    /// The heartbeat fields of a message built now, and whether the worker drains.
     fn stamp(&self, message: &mut pb::RunClosuresResponse) {
+        message.draining = self.closing.load(Ordering::Acquire);
         if self.is_leased() {
             message.heartbeat = self.heartbeat();
             self.stamped.fetch_max(message.heartbeat, Ordering::AcqRel);
+            self.ledger.sent(message.replies.len(), message.heartbeat);
             message.running_closure_id = self.running.load(Ordering::Acquire);
-            message.wants_ack = self.wants_ack.swap(false, Ordering::AcqRel);
+            message.wants_ack = self.wants_ack.swap(false, Ordering::AcqRel)
+                || self.closing.load(Ordering::Acquire);
         }
     }
 }
@@ -220,6 +264,9 @@ pub struct ClosureStream {
     halt_on_error: bool,
     max_message_bytes: usize,
     lease: Arc<Lease>,
+    /// Woken when one of the stream's closures has been answered (a draining reader waits
+    /// for that).
+    answered: tokio::sync::Notify,
 }
 
 impl ClosureStream {
@@ -236,12 +283,29 @@ impl ClosureStream {
             halt_on_error,
             max_message_bytes,
             lease,
+            answered: tokio::sync::Notify::new(),
         }
     }
 
     /// The stream's heartbeats and lease.
     pub(super) fn lease(&self) -> &Lease {
         &self.lease
+    }
+
+    /// The stream's lease, shared (for the list of streams a drain waits on).
+    pub(super) fn shared_lease(&self) -> Arc<Lease> {
+        Arc::clone(&self.lease)
+    }
+
+    /// Wakes [`Self::wait_answered`]: a closure of the stream was answered.
+    pub(super) fn notify_answered(&self) {
+        self.answered.notify_one();
+    }
+
+    /// Resolves after [`Self::notify_answered`] (at once if it was called since the last
+    /// wait).
+    pub(super) async fn wait_answered(&self) {
+        self.answered.notified().await;
     }
 
     /// Sends a message now (carrying a heartbeat), with or without answers.
@@ -306,6 +370,7 @@ impl ClosureStream {
 
     /// Sends `answer`; a client that went away loses nothing it still wanted.
     pub(super) fn send(&self, answer: Answer) {
+        self.lease.owe(answer.reply.closure_id);
         let _ = self.replies.send(Outbound::Reply(answer));
     }
 

@@ -97,6 +97,9 @@ impl<T: WorkerTransport> Link<T> {
                 }
             }
             Some(Event::Answers(Some(Err(error)))) => self.stream_failed(&error, true).await,
+            Some(Event::Answers(None)) if self.pipeline.going_away.is_some() => {
+                self.drained_away();
+            }
             Some(Event::Answers(None)) => {
                 let error = RpcError::Unavailable(format!(
                     "worker {} ended the RunClosures stream with closures outstanding",

@@ -60,6 +60,13 @@ impl<T: WorkerTransport> Link<T> {
         pipeline.last_heard = Some(Instant::now());
         pipeline.ack = pipeline.ack.max(response.heartbeat);
         pipeline.running = response.running_closure_id;
+        if response.draining && pipeline.going_away.is_none() {
+            // Send nothing more: it would be refused. Collect the answers still due.
+            pipeline.going_away = Some(format!(
+                "worker {} is draining (shutting down)",
+                self.transport.address()
+            ));
+        }
         if response.wants_ack {
             let ack = pipeline.ack;
             self.send_control(pb::RunClosuresRequest {
@@ -94,13 +101,7 @@ impl<T: WorkerTransport> Link<T> {
     /// declared failed. The death counts against the oldest closure only if the worker's
     /// last message said it was running it.
     pub(super) fn fell_silent(&mut self, timeout: Duration) {
-        let running = self.pipeline.running;
-        let charge = running != 0
-            && self
-                .pipeline
-                .outstanding
-                .front()
-                .is_some_and(|sent| sent.closure.id() == running);
+        let charge = self.runs_oldest();
         let reason = format!(
             "worker {} sent nothing for {:.1} s while running closures (heartbeat_timeout): \
              it is frozen, its host hung, or the network to it is cut",
@@ -112,6 +113,31 @@ impl<T: WorkerTransport> Link<T> {
         // out, so it starts none of it even if it wakes up.
         self.pipeline.drop_stream();
         self.worker_died(&reason, charge, self.incarnation);
+    }
+
+    /// A draining worker ended its stream with closures outstanding: they never started,
+    /// except one it said it was running (its drain deadline passed meanwhile), whose
+    /// answer will not come. All go back to the queue; only that one is charged.
+    pub(super) fn drained_away(&mut self) {
+        let reason = format!(
+            "worker {} drained and ended its RunClosures stream",
+            self.address()
+        );
+        let charge = self.runs_oldest();
+        self.pipeline.drop_stream();
+        self.worker_died(&reason, charge, self.incarnation);
+    }
+
+    /// Whether the worker's last message said it was running the oldest closure
+    /// outstanding.
+    fn runs_oldest(&self) -> bool {
+        let running = self.pipeline.running;
+        running != 0
+            && self
+                .pipeline
+                .outstanding
+                .front()
+                .is_some_and(|sent| sent.closure.id() == running)
     }
 
     /// The worker failed with closures outstanding on its stream (`reason` says how);

@@ -137,15 +137,20 @@ impl Job {
     }
 
     pub(super) fn send(&mut self, result: Result<JobReply, Status>) {
-        if self.queue.is_some() {
-            if let Some(stream) = self.stream() {
-                stream.lease().set_running(0);
-            }
-        }
         match self.reply.take() {
             // The caller may have gone away (cancelled or timed out); nothing to do then.
             Some(ReplyTo::Call(sender)) => drop(sender.send(result)),
-            Some(ReplyTo::Stream(stream)) => self.answer_streamed(&stream, result),
+            Some(ReplyTo::Stream(stream)) => {
+                self.answer_streamed(&stream, result);
+                // Only now, with the answer owed in the stream's ledger (`acks.rs`): a
+                // draining reader that sees nothing running and nothing owed may end the
+                // stream. (The message carrying the answer may still name the closure as
+                // running; the coordinator has settled it by then.)
+                if self.queue.is_some() {
+                    stream.lease().set_running(0);
+                    stream.notify_answered();
+                }
+            }
             None => {}
         }
         if let Some(queue) = self.queue.take() {

@@ -168,3 +168,81 @@ async fn an_unleased_stream_carries_no_heartbeats() {
     drop(channel);
     assert_eq!(harness.stop().await, 1);
 }
+
+/// Reads messages until one carries answers; returns it (its heartbeat is the highest yet).
+async fn next_answers(channel: &mut ClosureChannel) -> pb::RunClosuresResponse {
+    loop {
+        let response = next_message(channel).await;
+        if !response.replies.is_empty() {
+            return response;
+        }
+    }
+}
+
+/// A leased stream with closure 7 running (held by the gate), acknowledged.
+async fn running_seven(harness: &Harness) -> ClosureChannel {
+    let hash = registered(harness, PICKLED_ONE).await;
+    harness.gate.store(false, Ordering::Release);
+    let first = pb::RunClosuresRequest {
+        lease_ms: 60_000,
+        ..message(vec![closure(&hash, 7)])
+    };
+    let mut channel = harness
+        .client(Some(TOKEN))
+        .run_closures(first)
+        .await
+        .unwrap();
+    let heartbeat = ack_request(&mut channel).await;
+    channel.send(ack(heartbeat));
+    wait_for_depth(harness, 1, 0).await;
+    channel
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_worker_ends_a_leased_stream_only_once_its_last_answer_is_acknowledged() {
+    let harness = Harness::start(config()).await;
+    let hash = registered(&harness, PICKLED_ONE).await;
+    let mut channel = running_seven(&harness).await;
+    assert!(harness.server.begin_shutdown());
+    let notice = next_message(&mut channel).await;
+    assert!(notice.draining && notice.wants_ack, "{notice:?}");
+    // Still read while draining: pings are answered, new closures refused.
+    channel.send(pb::RunClosuresRequest {
+        ping: true,
+        ..message(vec![closure(&hash, 8)])
+    });
+    let refused = next_answers(&mut channel).await;
+    assert_eq!(outcomes(&refused.replies), [(8, "refused")]);
+    harness.gate.store(true, Ordering::Release);
+    let answered = next_answers(&mut channel).await;
+    assert_eq!(outcomes(&answered.replies), [(7, "result")]);
+    assert!(answered.draining && answered.wants_ack);
+    assert!(
+        !harness.server.wait_acknowledged(Duration::ZERO),
+        "the stream waits for the acknowledgement"
+    );
+    channel.send(ack(answered.heartbeat));
+    let end = tokio::time::timeout(PATIENCE, channel.next()).await;
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    let server = Arc::clone(&harness.server);
+    let settled = tokio::task::spawn_blocking(move || server.wait_acknowledged(PATIENCE));
+    assert!(settled.await.unwrap());
+    assert!(harness.server.release_streams().is_empty());
+    assert_eq!(harness.stop().await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_drain_deadline_the_unacknowledged_answers_are_named_and_the_stream_ends() {
+    let harness = Harness::start(config()).await;
+    let mut channel = running_seven(&harness).await;
+    assert!(harness.server.begin_shutdown());
+    harness.gate.store(true, Ordering::Release);
+    let answered = next_answers(&mut channel).await;
+    assert_eq!(outcomes(&answered.replies), [(7, "result")]);
+    // The coordinator never acknowledges: the shutdown gives up and says what is at stake.
+    assert!(!harness.server.wait_acknowledged(Duration::from_millis(50)));
+    assert_eq!(harness.server.release_streams(), vec![7]);
+    let end = tokio::time::timeout(PATIENCE, channel.next()).await;
+    assert!(matches!(end, Ok(None)), "{end:?}");
+    assert_eq!(harness.stop().await, 1);
+}
