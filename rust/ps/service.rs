@@ -13,10 +13,10 @@ use super::dtype::{DType, Op};
 use super::sessions::{PsSessions, Room};
 use super::store::{StoreError, Updated, VariableStore};
 use super::tensor::TensorView;
-use crate::rpc::wire::chunks::{self, answer};
-use crate::rpc::wire::limits::too_large;
 use crate::rpc::server::connections::{connection_info, ConnectionInfo};
 use crate::rpc::server::sessions::{Release, SessionRegistry};
+use crate::rpc::wire::chunks::{self, answer};
+use crate::rpc::wire::limits::too_large;
 use crate::rpc::wire::session::SessionId;
 use crate::rpc::{pb, PROTOCOL_REVISION};
 
@@ -204,8 +204,7 @@ impl PsShared {
         let value = self.view(request.value.as_ref(), &what)?;
         count(&self.stats.bytes_written, value.data.len() as u64);
         self.updated(
-            store
-                .update(&request.name, op, &value, request.read_value),
+            store.update(&request.name, op, &value, request.read_value),
             limit,
         )
     }
@@ -267,7 +266,11 @@ impl PsShared {
         )
     }
 
-    fn list(&self, store: &VariableStore, limit: usize) -> Result<pb::ListVariablesResponse, Status> {
+    fn list(
+        &self,
+        store: &VariableStore,
+        limit: usize,
+    ) -> Result<pb::ListVariablesResponse, Status> {
         let response = pb::ListVariablesResponse {
             variables: store.list(),
         };
@@ -422,7 +425,10 @@ impl PsShared {
         let limit = self.max_message_bytes;
         Ok(match method {
             "CreateVariable" => answer(&self.create(store, &self.decoded(encoded, what)?)?, limit),
-            "Read" => answer(&self.read(store, &self.decoded(encoded, what)?, any)?, limit),
+            "Read" => answer(
+                &self.read(store, &self.decoded(encoded, what)?, any)?,
+                limit,
+            ),
             "Assign" => answer(
                 &self.update(store, &self.decoded(encoded, what)?, Op::Assign, any)?,
                 limit,
@@ -439,8 +445,14 @@ impl PsShared {
                 &self.scatter_add(store, &self.decoded(encoded, what)?, any)?,
                 limit,
             ),
-            "ReadMany" => answer(&self.read_many(store, &self.decoded(encoded, what)?, any)?, limit),
-            "AssignMany" => answer(&self.assign_many(store, &self.decoded(encoded, what)?)?, limit),
+            "ReadMany" => answer(
+                &self.read_many(store, &self.decoded(encoded, what)?, any)?,
+                limit,
+            ),
+            "AssignMany" => answer(
+                &self.assign_many(store, &self.decoded(encoded, what)?)?,
+                limit,
+            ),
             "ApplyUpdate" => answer(
                 &self.apply_update(store, &self.decoded(encoded, what)?, any)?,
                 limit,
@@ -565,7 +577,9 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         request: Request<pb::ListVariablesRequest>,
     ) -> Result<Response<pb::ListVariablesResponse>, Status> {
         let room = self.room(&request)?;
-        self.shared.list(&room.store, self.limit()).map(Response::new)
+        self.shared
+            .list(&room.store, self.limit())
+            .map(Response::new)
     }
 
     async fn read_many(

@@ -41,7 +41,10 @@ impl Room {
     }
 
     fn touch(&self) {
-        *self.last_call.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        *self
+            .last_call
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
     }
 
     /// How long since the session's last call.

@@ -73,9 +73,13 @@ fn reattach_moves_a_variable_and_its_slots_from_another_session() {
     let five = 5f32.to_le_bytes();
     let room = sessions.room(&old);
     room.store.create("w", &f32_view(&five), true).unwrap();
-    room.store.create("w/Adam/m", &f32_view(&five), true).unwrap();
+    room.store
+        .create("w/Adam/m", &f32_view(&five), true)
+        .unwrap();
     room.store.create("w/part", &f32_view(&five), true).unwrap();
-    room.store.create("wx/Adam/m", &f32_view(&five), true).unwrap();
+    room.store
+        .create("wx/Adam/m", &f32_view(&five), true)
+        .unwrap();
     sessions
         .room(&other)
         .store

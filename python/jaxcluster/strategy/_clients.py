@@ -3,8 +3,8 @@ variable.
 
 A worker may unpickle the same variables for many closures; all of them share one gRPC
 connection per ps task and session (each strategy's calls carry its session id, so the ps
-keeps each strategy's variables apart). The cache is keyed by process id too, so a forked child (whose
-inherited connections are unusable) builds its own.
+keeps each strategy's variables apart). The cache is keyed by process id too, so a forked
+child (whose inherited connections are unusable) builds its own.
 """
 
 from __future__ import annotations

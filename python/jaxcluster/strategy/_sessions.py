@@ -75,7 +75,7 @@ def end(
         try:
             client = _clients.client_for(address, token, tls_ca, session)
             released += int(client.end_session(timeout=timeout))
-        except Exception as exc:  # noqa: BLE001 - best effort, the ps's ttl is the fallback
+        except Exception as exc:
             _log.warning(
                 "could not end session %s on ps %s (%s); its variables stay there until the "
                 "ps's --state-ttl passes",
@@ -108,8 +108,7 @@ def reattach(variable: ParameterServerVariable) -> frozenset[str]:
     if found:
         missing = [s.key for s in variable.shards if s.key not in found]
         _log.info(
-            "re-attached ps variable %r (%d of %d shards, %d optimizer slots and step counts)"
-            "%s",
+            "re-attached ps variable %r (%d of %d shards, %d optimizer slots and step counts)%s",
             variable.name,
             len(found),
             len(variable.shards),

@@ -394,6 +394,4 @@ def _rebuild(
         import ml_dtypes
 
         dtype = ml_dtypes.bfloat16
-    return ParameterServerVariable(
-        name, dtype, shape, [Shard(*s) for s in shards], session=session
-    )
+    return ParameterServerVariable(name, dtype, shape, [Shard(*s) for s in shards], session=session)
