@@ -184,7 +184,7 @@ impl PsSessions {
                 asked: describe(dtype, shape),
             })
         };
-        if let Some(family) = mine.store.take_family(name, &check)? {
+        if let Some(family) = mine.store.take_family(name, check)? {
             let slots = slot_names(&family, name);
             mine.store.adopt(family);
             return Ok(Some(Reattached { from: None, slots }));
@@ -196,7 +196,7 @@ impl PsSessions {
             .collect();
         others.sort_by_key(|(id, room)| (!prefer(id), room.idle()));
         for (id, room) in others {
-            if let Some(family) = room.store.take_family(name, &check)? {
+            if let Some(family) = room.store.take_family(name, check)? {
                 let slots = slot_names(&family, name);
                 mine.store.adopt(family);
                 return Ok(Some(Reattached {

@@ -188,6 +188,9 @@ impl Variable {
     }
 }
 
+/// A variable and its optimizer slots and step counts, by name, moving between sessions.
+pub(crate) type Family = Vec<(String, Arc<Variable>)>;
+
 /// What an update returns: the new version and, if asked, the value right after it.
 pub type Updated = (u64, Option<pb::Tensor>);
 
@@ -449,7 +452,7 @@ impl VariableStore {
         &self,
         name: &str,
         check: impl FnOnce(&Variable) -> Result<(), StoreError>,
-    ) -> Result<Option<Vec<(String, Arc<Variable>)>>, StoreError> {
+    ) -> Result<Option<Family>, StoreError> {
         let mut map = self.map_mut();
         let Some(variable) = map.get(name) else {
             return Ok(None);
@@ -459,10 +462,7 @@ impl VariableStore {
         let family: Vec<String> = map
             .keys()
             .filter(|key| {
-                key.as_str() == name
-                    || key
-                        .strip_prefix(&prefix)
-                        .is_some_and(|rest| is_slot_suffix(rest))
+                key.as_str() == name || key.strip_prefix(&prefix).is_some_and(is_slot_suffix)
             })
             .cloned()
             .collect();
@@ -476,7 +476,7 @@ impl VariableStore {
 
     /// Adds variables another session held (see [`VariableStore::take_family`]), replacing
     /// any of the same names.
-    pub(crate) fn adopt(&self, family: Vec<(String, Arc<Variable>)>) {
+    pub(crate) fn adopt(&self, family: Family) {
         let mut map = self.map_mut();
         for (name, variable) in family {
             map.insert(name, variable);
