@@ -13,9 +13,10 @@ fn f32_view(data: &[u8]) -> TensorView<'_> {
     }
 }
 
-fn value(room: &Room, name: &str) -> f32 {
+/// The first element's bits (exact comparison without float equality).
+fn value(room: &Room, name: &str) -> u32 {
     let (tensor, _) = room.store.read(name).unwrap();
-    f32::from_le_bytes(tensor.data[..4].try_into().unwrap())
+    f32::from_le_bytes(tensor.data[..4].try_into().unwrap()).to_bits()
 }
 
 #[test]
@@ -34,8 +35,8 @@ fn sessions_never_see_each_others_variables() {
         .store
         .create("w", &f32_view(&two), true)
         .unwrap();
-    assert_eq!(value(&sessions.room(&a), "w"), 1.0);
-    assert_eq!(value(&sessions.room(&b), "w"), 2.0);
+    assert_eq!(value(&sessions.room(&a), "w"), 1f32.to_bits());
+    assert_eq!(value(&sessions.room(&b), "w"), 2f32.to_bits());
     let anonymous = sessions.room(&SessionId::anonymous());
     assert!(matches!(
         anonymous.store.read("w"),
@@ -62,7 +63,7 @@ fn ending_a_session_releases_only_its_variables() {
     }
     assert_eq!(sessions.end(&a), (1, 4));
     assert_eq!(sessions.end(&a), (0, 0));
-    assert_eq!(value(&sessions.room(&b), "w"), 1.0);
+    assert_eq!(value(&sessions.room(&b), "w"), 1f32.to_bits());
     assert_eq!(sessions.usage(), (1, 4));
 }
 
@@ -93,13 +94,13 @@ fn reattach_moves_a_variable_and_its_slots_from_another_session() {
     assert_eq!(found.from, Some(old.clone()));
     assert_eq!(found.slots, ["w/Adam/m"]);
     let mine = sessions.room(&new);
-    assert_eq!(value(&mine, "w"), 5.0);
-    assert_eq!(value(&mine, "w/Adam/m"), 5.0);
+    assert_eq!(value(&mine, "w"), 5f32.to_bits());
+    assert_eq!(value(&mine, "w/Adam/m"), 5f32.to_bits());
     // The predecessor lost them; what was not the variable's stayed.
     let theirs = sessions.room(&old);
     assert!(theirs.store.read("w").is_err());
-    assert_eq!(value(&theirs, "w/part"), 5.0);
-    assert_eq!(value(&theirs, "wx/Adam/m"), 5.0);
+    assert_eq!(value(&theirs, "w/part"), 5f32.to_bits());
+    assert_eq!(value(&theirs, "wx/Adam/m"), 5f32.to_bits());
     // Asking again finds it in the caller's own session.
     let again = sessions
         .reattach(&new, "w", DType::F32, &[1], |_| false)
@@ -132,7 +133,7 @@ fn reattach_refuses_another_shape_naming_both_and_moves_nothing() {
         "{message}"
     );
     assert_eq!(error.to_status().code(), tonic::Code::FailedPrecondition);
-    assert_eq!(value(&sessions.room(&old), "w"), 5.0);
+    assert_eq!(value(&sessions.room(&old), "w"), 5f32.to_bits());
 }
 
 #[test]
@@ -156,6 +157,6 @@ fn reattach_prefers_the_sessions_the_caller_prefers() {
         .unwrap()
         .unwrap();
     assert_eq!(found.from, Some(gone));
-    assert_eq!(value(&sessions.room(&new), "w"), 2.0);
-    assert_eq!(value(&sessions.room(&live), "w"), 1.0);
+    assert_eq!(value(&sessions.room(&new), "w"), 2f32.to_bits());
+    assert_eq!(value(&sessions.room(&live), "w"), 1f32.to_bits());
 }
