@@ -64,8 +64,12 @@ def run_on_worker(cluster: LocalCluster, index: int, fn: Callable[..., Any], *ar
     return wire.decode(reply["value"], reply["buffers"])
 
 
-def ps_names(cluster: LocalCluster, task: int) -> set[str]:
-    client = core.PsClient(cluster.ps_addresses[task], auth_token=cluster.auth_token)
+def ps_names(cluster: LocalCluster, task: int, strategy: ParameterServerStrategy) -> set[str]:
+    """The variables ps task ``task`` holds for ``strategy`` (its session's; a ps lists
+    only the caller's session)."""
+    client = core.PsClient(
+        cluster.ps_addresses[task], auth_token=cluster.auth_token, session=strategy.session_id
+    )
     return {v["name"] for v in client.list_variables()}
 
 
@@ -92,8 +96,8 @@ def test_variables_go_to_ps_tasks_round_robin(cluster: LocalCluster) -> None:
         made = [strategy.Variable(np.zeros(2, np.float32), name="rr") for _ in range(3)]
     assert [v.name for v in made] == ["rr", "rr_1", "rr_2"]
     assert [v.shards[0].task for v in made] == [0, 1, 0]
-    assert {"rr", "rr_2"} <= ps_names(cluster, 0)
-    assert "rr_1" in ps_names(cluster, 1) and "rr_1" not in ps_names(cluster, 0)
+    assert {"rr", "rr_2"} <= ps_names(cluster, 0, strategy)
+    assert "rr_1" in ps_names(cluster, 1, strategy) and "rr_1" not in ps_names(cluster, 0, strategy)
     assert strategy.variables == made and strategy.num_ps == 2
 
 
@@ -105,7 +109,7 @@ def test_sharded_variables_reassemble_and_update_across_shards(cluster: LocalClu
         scalar = strategy.Variable(5, name="scalar")  # scalars are never sharded
     assert [(s.start, s.stop) for s in table.shards] == [(0, 4), (4, 7), (7, 10)]
     assert [s.task for s in table.shards] == [0, 1, 0]
-    assert {"table/part_0", "table/part_2"} <= ps_names(cluster, 0)
+    assert {"table/part_0", "table/part_2"} <= ps_names(cluster, 0, strategy)
     assert len(scalar.shards) == 1 and scalar.dtype == np.int32
     np.testing.assert_array_equal(table.read_value(), initial)
     table.assign_add(np.ones((10, 2), np.float32))

@@ -408,8 +408,48 @@ class PsStatus:
     def bytes_read(self) -> int: ...
     @property
     def bytes_written(self) -> int: ...
+    @property
+    def state_ttl_seconds(self) -> float:
+        """Seconds a vanished session's variables are kept (``--state-ttl``)."""
+    @property
+    def sessions(self) -> list[PsSessionStatus]:
+        """The sessions holding variables now, by id."""
     def to_dict(self) -> dict[str, Any]:
         """The plain dict (for JSON, Prometheus and callers written against it)."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict()``'s keys."""
+
+@final
+class PsSessionStatus:
+    """One session (a ``ParameterServerStrategy``) a parameter server holds variables for
+    (``PsStatus.sessions``).
+
+    Example: ``{s.id: s.bytes for s in PsClient(address).get_status().sessions}``
+
+    Frozen; ``to_dict()``, ``record[key]`` and ``record.get(key)`` as for :class:`PsStatus`."""
+
+    @property
+    def id(self) -> str:
+        """The session id; empty for calls that carried none."""
+    @property
+    def variables(self) -> int:
+        """Variables held, optimizer slots and step counts included."""
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def connections(self) -> int:
+        """Connections open now that carried the session (0: vanished)."""
+    @property
+    def idle_seconds(self) -> float: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict."""
 
     def __getitem__(self, key: str, /) -> Any:
         """``to_dict()[key]``."""
@@ -1451,13 +1491,15 @@ class PsServer:
         max_connections: int = ...,
         max_streams_per_connection: int = ...,
         handshake_timeout: float = 5.0,
+        state_ttl: float = 3600.0,
     ) -> Self:
         """Binds ``address`` (port 0 picks a free port) and starts serving. Raises
         ``ValueError`` for a bad setting, including a non-loopback address without
         ``auth_token`` or a negative ``index``, and ``OSError`` when the address cannot be
         bound. ``max_message_bytes`` defaults to 64 MiB; ``max_connections``,
         ``max_streams_per_connection`` and ``handshake_timeout`` bound connections as for
-        :class:`WorkerServer`."""
+        :class:`WorkerServer`. A session whose connections all closed without ending it
+        keeps its variables ``state_ttl`` seconds (0: released as its last one closes)."""
 
     @property
     def address(self) -> str:
@@ -1534,10 +1576,13 @@ class PsClient:
         max_message_bytes: int = ...,
         tls_ca: bytes | None = None,
         tls_domain: str | None = None,
+        session: str | None = None,
     ) -> Self:
         """``address`` is ``host:port`` (optionally ``grpc://``). ``timeout`` bounds each
         call unless it passes its own (default 30 s; ``None``: no limit). With ``tls_ca``
-        (PEM CA bytes) it connects over TLS, verifying ``tls_domain`` or the address's host."""
+        (PEM CA bytes) it connects over TLS, verifying ``tls_domain`` or the address's host.
+        Every call belongs to ``session`` (1-64 letters, digits, ``-``, ``_``; ``None``: the
+        anonymous session) and sees only that session's variables."""
 
     @property
     def address(self) -> str: ...
@@ -1661,3 +1706,17 @@ class PsClient:
 
     def delete_variables(self, names: Sequence[str], *, timeout: float | None = None) -> int:
         """Drops variables; returns how many existed."""
+
+    def end_session(self, *, timeout: float | None = None) -> int:
+        """Ends this client's session on the ps: its variables are released at once.
+        Returns how many were released."""
+
+    def reattach(
+        self, name: str, dtype: str, shape: Sequence[int], *, timeout: float | None = None
+    ) -> list[str] | None:
+        """Adopts into this client's session a live variable ``name`` of ``dtype`` and
+        ``shape`` that another session holds, with its optimizer slots and step counts
+        (the other session loses them). ``None`` when no session holds it, else the slot
+        names that came along; another dtype or shape raises ``FailedPreconditionError``.
+
+        Example: ``client.reattach("w", "float32", [4])``"""

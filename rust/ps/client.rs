@@ -279,6 +279,39 @@ impl PsClient {
     }
 }
 
+impl PsClient {
+    /// Ends this client's session on the ps: its variables are released at once.
+    /// Returns the variables and bytes released.
+    pub async fn end_session(&self, timeout: Option<Duration>) -> Result<(u64, u64), RpcError> {
+        let mut c = self.inner.clone();
+        let request = pb::PsEndSessionRequest {};
+        let response = self
+            .callee
+            .call("EndSession", timeout, request, |r| async move {
+                c.end_session(r).await
+            })
+            .await?;
+        Ok((response.variables, response.bytes))
+    }
+
+    /// Adopts a live variable `name` of this dtype and shape into this client's session
+    /// (see `ps.proto`); `None` when no session holds it, else the slots that came with it.
+    pub async fn reattach(
+        &self,
+        request: pb::ReattachRequest,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Vec<String>>, RpcError> {
+        let mut c = self.inner.clone();
+        let response = self
+            .callee
+            .call("Reattach", timeout, request, |r| async move {
+                c.reattach(r).await
+            })
+            .await?;
+        Ok(response.found.then_some(response.slots))
+    }
+}
+
 /// Starts a `CallChunked` call on `client`, for [`Callee::call_sized`].
 async fn open_chunked(mut client: Inner, request: tonic::Request<ChunkStream>) -> ChunkedAnswer {
     client.call_chunked(request).await

@@ -1,7 +1,7 @@
 //! The parameter server: named dense variables served over gRPC (`jaxcluster ps`).
 //!
-//! [`VariableStore`] holds the variables, one lock each, so every update to a variable is
-//! atomic; [`service`] serves it as `jaxcluster.v1.ParameterServer` with the same bearer
+//! [`VariableStore`] holds one session's variables, one lock each, so every update to a
+//! variable is atomic; [`sessions`] keeps one store per session (one program's strategy); [`service`] serves it as `jaxcluster.v1.ParameterServer` with the same bearer
 //! token check, size limits and loopback-only default as the worker; [`PsClient`] calls it.
 //! Requests are served entirely on the shared tokio runtime: nothing here knows Python
 //! exists, so a ps process's interpreter is never on the request path.
@@ -10,12 +10,13 @@ pub mod client;
 pub mod dtype;
 pub mod optim;
 pub mod service;
+pub mod sessions;
 pub mod store;
 pub mod tensor;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
@@ -32,6 +33,7 @@ use crate::rpc::server::connections::{ConnectionStats, ServerLimits};
 use crate::rpc::server::serve::{self, BindError, Serving};
 use crate::rpc::wire::limits::{validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES};
 use service::{PsService, PsShared, PsStats};
+use sessions::PsSessions;
 
 /// Largest HTTP/2 frame each side accepts (shared with workers, see `rpc::wire::limits`).
 pub use crate::rpc::wire::limits::MAX_FRAME_BYTES;
@@ -51,6 +53,9 @@ pub struct PsConfig {
     pub tls: Option<crate::rpc::security::tls::ServerTls>,
     /// Connections, streams per connection, and the time to authenticate.
     pub limits: ServerLimits,
+    /// How long a vanished session's variables are kept (`--state-ttl`); zero releases
+    /// them as its last connection closes.
+    pub state_ttl: Duration,
 }
 
 impl Default for PsConfig {
@@ -62,6 +67,7 @@ impl Default for PsConfig {
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             tls: None,
             limits: ServerLimits::default(),
+            state_ttl: crate::rpc::server::sessions::DEFAULT_TTL,
         }
     }
 }
@@ -139,11 +145,15 @@ impl PsServer {
         let exposes = "read and overwrite every variable";
         let (listener, local_addr) =
             serve::bind(&config.address, config.auth_token.is_some(), exposes).await?;
+        let sessions = Arc::new(PsSessions::new(config.ps_index));
+        let registry = Arc::new(PsShared::registry(&sessions, config.state_ttl));
+        registry.spawn_sweeper();
         let shared = Arc::new(PsShared {
             ps_index: config.ps_index,
             incarnation: crate::rpc::new_incarnation(),
             max_message_bytes: limit,
-            store: VariableStore::new(config.ps_index),
+            sessions,
+            registry,
             stats: PsStats::default(),
             started: Instant::now(),
             connections: Arc::new(ConnectionStats::default()),
@@ -182,9 +192,9 @@ impl PsServer {
         self.shared.status()
     }
 
-    /// The variables, for in-process inspection.
-    pub fn store(&self) -> &VariableStore {
-        &self.shared.store
+    /// The variables of every session, for in-process inspection.
+    pub fn sessions(&self) -> &PsSessions {
+        &self.shared.sessions
     }
 
     /// Closes the listener and returns the serving task, which ends once in-flight RPCs

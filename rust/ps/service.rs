@@ -9,11 +9,15 @@ use bytes::Bytes;
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::dtype::Op;
+use super::dtype::{DType, Op};
+use super::sessions::{PsSessions, Room};
 use super::store::{StoreError, Updated, VariableStore};
 use super::tensor::TensorView;
+use crate::rpc::server::connections::{connection_info, ConnectionInfo};
+use crate::rpc::server::sessions::{Release, SessionRegistry};
 use crate::rpc::wire::chunks::{self, answer};
 use crate::rpc::wire::limits::too_large;
+use crate::rpc::wire::session::SessionId;
 use crate::rpc::{pb, PROTOCOL_REVISION};
 
 /// Monotonic counters reported by `GetStatus`.
@@ -43,8 +47,10 @@ pub struct PsShared {
     pub incarnation: u64,
     /// Largest request or response, in bytes.
     pub max_message_bytes: usize,
-    /// The variables.
-    pub store: VariableStore,
+    /// The variables, one store per session.
+    pub sessions: Arc<PsSessions>,
+    /// When each session's variables are released (clean end, or vanished past the ttl).
+    pub registry: Arc<SessionRegistry>,
     /// Counters.
     pub stats: PsStats,
     /// When the server started.
@@ -60,7 +66,25 @@ fn count(counter: &AtomicU64, n: u64) {
 impl PsShared {
     /// The `GetStatus` answer right now.
     pub fn status(&self) -> pb::PsStatusResponse {
-        let (variables, bytes) = self.store.usage();
+        let (variables, bytes) = self.sessions.usage();
+        let connected: std::collections::HashMap<SessionId, u32> = self
+            .registry
+            .snapshot()
+            .into_iter()
+            .map(|tracked| (tracked.id, tracked.connections))
+            .collect();
+        let sessions = self
+            .sessions
+            .held()
+            .into_iter()
+            .map(|held| pb::PsSessionHeld {
+                connections: connected.get(&held.session).copied().map_or(0, u64::from),
+                id: held.session.as_str().to_owned(),
+                variables: held.variables as u64,
+                bytes: held.bytes as u64,
+                idle_seconds: held.idle.as_secs_f64(),
+            })
+            .collect();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
         pb::PsStatusResponse {
             ps_index: self.ps_index,
@@ -80,6 +104,44 @@ impl PsShared {
             connections_dropped: load(&self.connections.dropped),
             bytes_read: load(&self.stats.bytes_read),
             bytes_written: load(&self.stats.bytes_written),
+            sessions,
+            state_ttl_seconds: self.registry.ttl().as_secs_f64(),
+        }
+    }
+
+    /// The registry that releases `sessions`' stores: at once for a clean end, `ttl` after
+    /// a session's last connection closed. Logs each release that freed something.
+    pub fn registry(sessions: &Arc<PsSessions>, ttl: std::time::Duration) -> SessionRegistry {
+        let sessions = Arc::clone(sessions);
+        SessionRegistry::new(ttl, move |session, why| {
+            let (variables, bytes) = sessions.end(session);
+            if variables > 0 {
+                tracing::info!(
+                    target: crate::log_target::PS,
+                    "session {session} {}: released {variables} variables ({bytes} bytes)",
+                    why.label()
+                );
+            }
+        })
+    }
+
+    /// Records a call of `session` on the connection in `extensions`; the first call a
+    /// connection makes for a session arranges for the registry to hear when it closes.
+    fn track(&self, session: &SessionId, extensions: &tonic::Extensions) {
+        let connection = connection_info(extensions);
+        if self
+            .registry
+            .touch(session, connection.map(ConnectionInfo::id))
+        {
+            if let Some(connection) = connection {
+                let registry = Arc::downgrade(&self.registry);
+                let id = connection.id();
+                connection.on_close(move || {
+                    if let Some(registry) = registry.upgrade() {
+                        registry.connection_closed(id);
+                    }
+                });
+            }
         }
     }
 
@@ -133,6 +195,7 @@ impl PsShared {
 
     fn update(
         &self,
+        store: &VariableStore,
         request: &pb::UpdateRequest,
         op: Op,
         limit: usize,
@@ -141,20 +204,19 @@ impl PsShared {
         let value = self.view(request.value.as_ref(), &what)?;
         count(&self.stats.bytes_written, value.data.len() as u64);
         self.updated(
-            self.store
-                .update(&request.name, op, &value, request.read_value),
+            store.update(&request.name, op, &value, request.read_value),
             limit,
         )
     }
 
     fn create(
         &self,
+        store: &VariableStore,
         request: &pb::CreateVariableRequest,
     ) -> Result<pb::CreateVariableResponse, Status> {
         let what = format!("the initial value of {:?}", request.name);
         let value = self.view(request.initial_value.as_ref(), &what)?;
-        let replaced = self
-            .store
+        let replaced = store
             .create(&request.name, &value, request.replace)
             .map_err(|e| self.store_error(&e))?;
         count(&self.stats.variables_created, 1);
@@ -162,9 +224,13 @@ impl PsShared {
         Ok(pb::CreateVariableResponse { replaced })
     }
 
-    fn read(&self, request: &pb::ReadRequest, limit: usize) -> Result<pb::ReadResponse, Status> {
-        let (value, version) = self
-            .store
+    fn read(
+        &self,
+        store: &VariableStore,
+        request: &pb::ReadRequest,
+        limit: usize,
+    ) -> Result<pb::ReadResponse, Status> {
+        let (value, version) = store
             .read(&request.name)
             .map_err(|e| self.store_error(&e))?;
         let bytes = value.data.len();
@@ -182,6 +248,7 @@ impl PsShared {
 
     fn scatter_add(
         &self,
+        store: &VariableStore,
         request: &pb::ScatterAddRequest,
         limit: usize,
     ) -> Result<pb::UpdateResponse, Status> {
@@ -189,7 +256,7 @@ impl PsShared {
         let updates = self.view(request.updates.as_ref(), &what)?;
         count(&self.stats.bytes_written, updates.data.len() as u64);
         self.updated(
-            self.store.scatter_add(
+            store.scatter_add(
                 &request.name,
                 &request.indices,
                 &updates,
@@ -199,20 +266,24 @@ impl PsShared {
         )
     }
 
-    fn list(&self, limit: usize) -> Result<pb::ListVariablesResponse, Status> {
+    fn list(
+        &self,
+        store: &VariableStore,
+        limit: usize,
+    ) -> Result<pb::ListVariablesResponse, Status> {
         let response = pb::ListVariablesResponse {
-            variables: self.store.list(),
+            variables: store.list(),
         };
         self.sized(response, "the variable list", limit)
     }
 
     fn read_many(
         &self,
+        store: &VariableStore,
         request: &pb::ReadManyRequest,
         limit: usize,
     ) -> Result<pb::ReadManyResponse, Status> {
-        let variables = self
-            .store
+        let variables = store
             .read_many(&request.names)
             .map_err(|e| self.store_error(&e))?;
         let reads = variables.len() as u64;
@@ -233,6 +304,7 @@ impl PsShared {
 
     fn assign_many(
         &self,
+        store: &VariableStore,
         request: &pb::AssignManyRequest,
     ) -> Result<pb::AssignManyResponse, Status> {
         let items = request
@@ -243,8 +315,7 @@ impl PsShared {
                 Ok((item.name.clone(), self.view(item.value.as_ref(), &what)?))
             })
             .collect::<Result<Vec<_>, Status>>()?;
-        let (assigned, created) = self
-            .store
+        let (assigned, created) = store
             .assign_many(&items, request.create_missing)
             .map_err(|e| self.store_error(&e))?;
         count(&self.stats.updates, u64::from(assigned));
@@ -256,6 +327,7 @@ impl PsShared {
 
     fn apply_update(
         &self,
+        store: &VariableStore,
         request: &pb::ApplyUpdateRequest,
         limit: usize,
     ) -> Result<pb::UpdateResponse, Status> {
@@ -265,7 +337,7 @@ impl PsShared {
             .map_err(|e| self.reject(Status::invalid_argument(e)))?;
         count(&self.stats.bytes_written, gradient.data.len() as u64);
         self.updated(
-            self.store.apply_update(
+            store.apply_update(
                 &request.name,
                 &request.slot_prefix,
                 &optimizer,
@@ -277,6 +349,63 @@ impl PsShared {
         )
     }
 
+    fn reattach(
+        &self,
+        session: &SessionId,
+        request: &pb::ReattachRequest,
+    ) -> Result<pb::ReattachResponse, Status> {
+        let dtype = DType::from_pb(request.dtype).map_err(|e| {
+            self.reject(Status::invalid_argument(format!(
+                "reattach of {:?}: {e}",
+                request.name
+            )))
+        })?;
+        let shape = request
+            .shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| {
+                self.reject(Status::invalid_argument(format!(
+                    "reattach of {:?}: a dimension does not fit this machine's address space",
+                    request.name
+                )))
+            })?;
+        // Sessions still connected are searched last: a vanished predecessor's variable is
+        // the one a restarted program means.
+        let connected: std::collections::HashSet<SessionId> = self
+            .registry
+            .snapshot()
+            .into_iter()
+            .filter(|tracked| tracked.connections > 0)
+            .map(|tracked| tracked.id)
+            .collect();
+        let found = self
+            .sessions
+            .reattach(session, &request.name, dtype, &shape, |other| {
+                !connected.contains(other)
+            })
+            .map_err(|e| self.store_error(&e))?;
+        Ok(match found {
+            None => pb::ReattachResponse::default(),
+            Some(found) => {
+                if let Some(from) = &found.from {
+                    tracing::info!(
+                        target: crate::log_target::PS,
+                        "session {session} re-attached variable {:?} ({} slots) from session \
+                         {from}",
+                        request.name,
+                        found.slots.len()
+                    );
+                }
+                pb::ReattachResponse {
+                    found: true,
+                    slots: found.slots,
+                }
+            }
+        })
+    }
+
     /// A chunked request decoded; a failure is counted as a rejected request.
     fn decoded<M: Message + Default>(&self, encoded: Bytes, what: &str) -> Result<M, Status> {
         chunks::decode(encoded, what).map_err(|s| self.reject(s))
@@ -284,34 +413,48 @@ impl PsShared {
 
     /// Runs one unary call that came through `CallChunked`, whose answer may be of any
     /// size (it leaves in chunks).
-    fn chunked(&self, method: &str, encoded: Bytes) -> Result<Vec<pb::Chunk>, Status> {
+    fn chunked(
+        &self,
+        store: &VariableStore,
+        method: &str,
+        encoded: Bytes,
+    ) -> Result<Vec<pb::Chunk>, Status> {
         let what = format!("a chunked {method} request");
         let what = what.as_str();
         let any = usize::MAX;
         let limit = self.max_message_bytes;
         Ok(match method {
-            "CreateVariable" => answer(&self.create(&self.decoded(encoded, what)?)?, limit),
-            "Read" => answer(&self.read(&self.decoded(encoded, what)?, any)?, limit),
+            "CreateVariable" => answer(&self.create(store, &self.decoded(encoded, what)?)?, limit),
+            "Read" => answer(
+                &self.read(store, &self.decoded(encoded, what)?, any)?,
+                limit,
+            ),
             "Assign" => answer(
-                &self.update(&self.decoded(encoded, what)?, Op::Assign, any)?,
+                &self.update(store, &self.decoded(encoded, what)?, Op::Assign, any)?,
                 limit,
             ),
             "AssignAdd" => answer(
-                &self.update(&self.decoded(encoded, what)?, Op::Add, any)?,
+                &self.update(store, &self.decoded(encoded, what)?, Op::Add, any)?,
                 limit,
             ),
             "AssignSub" => answer(
-                &self.update(&self.decoded(encoded, what)?, Op::Sub, any)?,
+                &self.update(store, &self.decoded(encoded, what)?, Op::Sub, any)?,
                 limit,
             ),
             "ScatterAdd" => answer(
-                &self.scatter_add(&self.decoded(encoded, what)?, any)?,
+                &self.scatter_add(store, &self.decoded(encoded, what)?, any)?,
                 limit,
             ),
-            "ReadMany" => answer(&self.read_many(&self.decoded(encoded, what)?, any)?, limit),
-            "AssignMany" => answer(&self.assign_many(&self.decoded(encoded, what)?)?, limit),
+            "ReadMany" => answer(
+                &self.read_many(store, &self.decoded(encoded, what)?, any)?,
+                limit,
+            ),
+            "AssignMany" => answer(
+                &self.assign_many(store, &self.decoded(encoded, what)?)?,
+                limit,
+            ),
             "ApplyUpdate" => answer(
-                &self.apply_update(&self.decoded(encoded, what)?, any)?,
+                &self.apply_update(store, &self.decoded(encoded, what)?, any)?,
                 limit,
             ),
             other => return Err(self.reject(chunks::unknown_method(other, &CHUNKED_METHODS))),
@@ -346,6 +489,18 @@ impl PsService {
     fn limit(&self) -> usize {
         self.shared.max_message_bytes
     }
+
+    /// The store of the session `request` comes from (see [`PsSessions`]); a malformed
+    /// session header is refused.
+    fn room<T>(&self, request: &Request<T>) -> Result<Arc<Room>, Status> {
+        let session = self.session(request)?;
+        self.shared.track(&session, request.extensions());
+        Ok(self.shared.sessions.room(&session))
+    }
+
+    fn session<T>(&self, request: &Request<T>) -> Result<SessionId, Status> {
+        SessionId::from_metadata(request.metadata()).map_err(|s| self.shared.reject(s))
+    }
 }
 
 #[tonic::async_trait]
@@ -361,15 +516,19 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::CreateVariableRequest>,
     ) -> Result<Response<pb::CreateVariableResponse>, Status> {
-        self.shared.create(request.get_ref()).map(Response::new)
+        let room = self.room(&request)?;
+        self.shared
+            .create(&room.store, request.get_ref())
+            .map(Response::new)
     }
 
     async fn read(
         &self,
         request: Request<pb::ReadRequest>,
     ) -> Result<Response<pb::ReadResponse>, Status> {
+        let room = self.room(&request)?;
         self.shared
-            .read(request.get_ref(), self.limit())
+            .read(&room.store, request.get_ref(), self.limit())
             .map(Response::new)
     }
 
@@ -377,8 +536,9 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let room = self.room(&request)?;
         let s = &self.shared;
-        s.update(request.get_ref(), Op::Assign, self.limit())
+        s.update(&room.store, request.get_ref(), Op::Assign, self.limit())
             .map(Response::new)
     }
 
@@ -386,8 +546,9 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let room = self.room(&request)?;
         let s = &self.shared;
-        s.update(request.get_ref(), Op::Add, self.limit())
+        s.update(&room.store, request.get_ref(), Op::Add, self.limit())
             .map(Response::new)
     }
 
@@ -395,8 +556,9 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::UpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let room = self.room(&request)?;
         let s = &self.shared;
-        s.update(request.get_ref(), Op::Sub, self.limit())
+        s.update(&room.store, request.get_ref(), Op::Sub, self.limit())
             .map(Response::new)
     }
 
@@ -404,24 +566,29 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::ScatterAddRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let room = self.room(&request)?;
         let s = &self.shared;
-        s.scatter_add(request.get_ref(), self.limit())
+        s.scatter_add(&room.store, request.get_ref(), self.limit())
             .map(Response::new)
     }
 
     async fn list_variables(
         &self,
-        _request: Request<pb::ListVariablesRequest>,
+        request: Request<pb::ListVariablesRequest>,
     ) -> Result<Response<pb::ListVariablesResponse>, Status> {
-        self.shared.list(self.limit()).map(Response::new)
+        let room = self.room(&request)?;
+        self.shared
+            .list(&room.store, self.limit())
+            .map(Response::new)
     }
 
     async fn read_many(
         &self,
         request: Request<pb::ReadManyRequest>,
     ) -> Result<Response<pb::ReadManyResponse>, Status> {
+        let room = self.room(&request)?;
         let s = &self.shared;
-        s.read_many(request.get_ref(), self.limit())
+        s.read_many(&room.store, request.get_ref(), self.limit())
             .map(Response::new)
     }
 
@@ -429,8 +596,9 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::AssignManyRequest>,
     ) -> Result<Response<pb::AssignManyResponse>, Status> {
+        let room = self.room(&request)?;
         self.shared
-            .assign_many(request.get_ref())
+            .assign_many(&room.store, request.get_ref())
             .map(Response::new)
     }
 
@@ -438,7 +606,8 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::DeleteVariablesRequest>,
     ) -> Result<Response<pb::DeleteVariablesResponse>, Status> {
-        let deleted = self.shared.store.delete(&request.into_inner().names);
+        let room = self.room(&request)?;
+        let deleted = room.store.delete(&request.into_inner().names);
         Ok(Response::new(pb::DeleteVariablesResponse { deleted }))
     }
 
@@ -446,8 +615,41 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<pb::ApplyUpdateRequest>,
     ) -> Result<Response<pb::UpdateResponse>, Status> {
+        let room = self.room(&request)?;
         let s = &self.shared;
-        s.apply_update(request.get_ref(), self.limit())
+        s.apply_update(&room.store, request.get_ref(), self.limit())
+            .map(Response::new)
+    }
+
+    async fn end_session(
+        &self,
+        request: Request<pb::PsEndSessionRequest>,
+    ) -> Result<Response<pb::PsEndSessionResponse>, Status> {
+        let session = self.session(&request)?;
+        let (variables, bytes) = self.shared.sessions.end(&session);
+        // Stops tracking it (the release it makes then finds nothing left).
+        self.shared.registry.end(&session);
+        if variables > 0 {
+            tracing::info!(
+                target: crate::log_target::PS,
+                "session {session} {}: released {variables} variables ({bytes} bytes)",
+                Release::Ended.label()
+            );
+        }
+        Ok(Response::new(pb::PsEndSessionResponse {
+            variables: variables as u64,
+            bytes: bytes as u64,
+        }))
+    }
+
+    async fn reattach(
+        &self,
+        request: Request<pb::ReattachRequest>,
+    ) -> Result<Response<pb::ReattachResponse>, Status> {
+        let session = self.session(&request)?;
+        self.shared.track(&session, request.extensions());
+        self.shared
+            .reattach(&session, request.get_ref())
             .map(Response::new)
     }
 
@@ -457,11 +659,13 @@ impl pb::parameter_server_server::ParameterServer for PsService {
         &self,
         request: Request<Streaming<pb::Chunk>>,
     ) -> Result<Response<Self::CallChunkedStream>, Status> {
+        let room = self.room(&request)?;
         let s = &self.shared;
+        let store = &room.store;
         let answer = chunks::serve(
             request.into_inner(),
             |status| s.reject(status),
-            |method, encoded| async move { s.chunked(&method, encoded) },
+            |method, encoded| async move { s.chunked(store, &method, encoded) },
         )
         .await?;
         Ok(Response::new(answer))

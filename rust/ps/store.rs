@@ -25,9 +25,10 @@ use crate::rpc::pb;
 pub enum StoreError {
     /// No variable of that name.
     #[error(
-        "ps task {ps_index} holds no variable named {name:?} ({held} variables held); create \
-         it first, and note that a restarted ps has lost its variables (restore them from a \
-         checkpoint)"
+        "ps task {ps_index} holds no variable named {name:?} in this session ({held} \
+         variables held); create it first, and note that a restarted ps has lost its \
+         variables (restore them from a checkpoint), a vanished session's are released after \
+         --state-ttl, and a re-attaching session takes them over"
     )]
     NotFound {
         /// The ps task's index.
@@ -67,6 +68,22 @@ pub enum StoreError {
     /// Any other malformed request.
     #[error("{0}")]
     Invalid(String),
+    /// `Reattach` found the name, with another dtype or shape than asked for.
+    #[error(
+        "cannot re-attach variable {name:?} on ps task {ps_index}: the live one is {live}, \
+         this program asks for {asked}; give the variable another name, or restore it from \
+         a checkpoint made with the new shape"
+    )]
+    ReattachMismatch {
+        /// The ps task's index.
+        ps_index: i64,
+        /// The name.
+        name: String,
+        /// The live variable's dtype and shape.
+        live: String,
+        /// The dtype and shape asked for.
+        asked: String,
+    },
 }
 
 impl StoreError {
@@ -79,6 +96,7 @@ impl StoreError {
             StoreError::Mismatch { .. } | StoreError::Invalid(_) => {
                 tonic::Status::invalid_argument(message)
             }
+            StoreError::ReattachMismatch { .. } => tonic::Status::failed_precondition(message),
         }
     }
 }
@@ -131,8 +149,14 @@ impl Variable {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn describe(&self) -> String {
+    /// `dtype[d0, d1, ...]`, for messages.
+    pub(crate) fn describe(&self) -> String {
         describe(self.dtype, &self.shape)
+    }
+
+    /// Whether the variable has exactly this dtype and shape.
+    pub(crate) fn is(&self, dtype: DType, shape: &[usize]) -> bool {
+        self.dtype == dtype && self.shape == shape
     }
 
     fn snapshot(&self, state: &State) -> pb::Tensor {
@@ -164,10 +188,23 @@ impl Variable {
     }
 }
 
+/// A variable and its optimizer slots and step counts, by name, moving between sessions.
+pub(crate) type Family = Vec<(String, Arc<Variable>)>;
+
 /// What an update returns: the new version and, if asked, the value right after it.
 pub type Updated = (u64, Option<pb::Tensor>);
 
-/// All variables of one ps task.
+/// Whether `rest` (what follows `<name>/`) names a slot or step count:
+/// `<optimizer>/<slot>`, both parts non-empty.
+fn is_slot_suffix(rest: &str) -> bool {
+    let mut parts = rest.split('/');
+    matches!(
+        (parts.next(), parts.next(), parts.next()),
+        (Some(a), Some(b), None) if !a.is_empty() && !b.is_empty()
+    )
+}
+
+/// The variables of one session on one ps task (see `sessions.rs` for the sessions).
 pub struct VariableStore {
     ps_index: i64,
     vars: RwLock<HashMap<String, Arc<Variable>>>,
@@ -406,6 +443,44 @@ impl VariableStore {
             }
         }
         Ok((assigned, created))
+    }
+
+    /// Removes and returns `name` and its optimizer slots and step counts (every
+    /// `<name>/<optimizer>/<slot>`), for a session adopting them; `None` (nothing removed)
+    /// when `name` is absent. `check` sees the variable first and may refuse.
+    pub(crate) fn take_family(
+        &self,
+        name: &str,
+        check: impl FnOnce(&Variable) -> Result<(), StoreError>,
+    ) -> Result<Option<Family>, StoreError> {
+        let mut map = self.map_mut();
+        let Some(variable) = map.get(name) else {
+            return Ok(None);
+        };
+        check(variable)?;
+        let prefix = format!("{name}/");
+        let family: Vec<String> = map
+            .keys()
+            .filter(|key| {
+                key.as_str() == name || key.strip_prefix(&prefix).is_some_and(is_slot_suffix)
+            })
+            .cloned()
+            .collect();
+        Ok(Some(
+            family
+                .into_iter()
+                .filter_map(|key| map.remove(&key).map(|var| (key, var)))
+                .collect(),
+        ))
+    }
+
+    /// Adds variables another session held (see [`VariableStore::take_family`]), replacing
+    /// any of the same names.
+    pub(crate) fn adopt(&self, family: Family) {
+        let mut map = self.map_mut();
+        for (name, variable) in family {
+            map.insert(name, variable);
+        }
     }
 
     /// Drops `names`; returns how many existed.

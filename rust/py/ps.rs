@@ -24,6 +24,7 @@ use crate::rpc::server::connections::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION,
 };
 use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::rpc::wire::session::SessionId;
 use arrays::{check_name, missing, to_array, to_indices, to_tensor};
 
 fn ps_error(error: PsError) -> PyErr {
@@ -46,7 +47,7 @@ impl PyPsServer {
                         max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_cert=None, tls_key=None,
                         max_connections=DEFAULT_MAX_CONNECTIONS,
                         max_streams_per_connection=DEFAULT_MAX_STREAMS_PER_CONNECTION,
-                        handshake_timeout=5.0))]
+                        handshake_timeout=5.0, state_ttl=3600.0))]
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     fn new(
         py: Python<'_>,
@@ -59,7 +60,9 @@ impl PyPsServer {
         max_connections: usize,
         max_streams_per_connection: u32,
         handshake_timeout: f64,
+        state_ttl: f64,
     ) -> PyResult<Self> {
+        let state_ttl = duration(Some(state_ttl), "state_ttl")?.unwrap_or_default();
         let tls = crate::rpc::security::tls::server_tls(tls_cert, tls_key)
             .map_err(PyValueError::new_err)?;
         let limits = server_limits(
@@ -74,6 +77,7 @@ impl PyPsServer {
             ps_index: index,
             max_message_bytes,
             limits,
+            state_ttl,
         };
         let server = block_detached(py, PsServer::start(config))?.map_err(ps_error)?;
         Ok(Self {
@@ -171,7 +175,8 @@ impl PyPsClient {
 impl PyPsClient {
     #[new]
     #[pyo3(signature = (address, auth_token=None, timeout=Some(30.0), *, connect_timeout=10.0,
-                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_ca=None, tls_domain=None))]
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_ca=None, tls_domain=None,
+                        session=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -182,8 +187,9 @@ impl PyPsClient {
         max_message_bytes: usize,
         tls_ca: Option<Vec<u8>>,
         tls_domain: Option<String>,
+        session: Option<String>,
     ) -> PyResult<Self> {
-        let config = client_config(
+        let mut config = client_config(
             address,
             auth_token,
             connect_timeout,
@@ -191,6 +197,10 @@ impl PyPsClient {
             tls_ca,
             tls_domain,
         )?;
+        if let Some(id) = &session {
+            SessionId::new(id).map_err(PyValueError::new_err)?;
+        }
+        config.session = session;
         let timeout = duration(timeout, "timeout")?;
         let inner = in_runtime(py, || PsClient::connect_lazy(&config))?;
         Ok(Self { inner, timeout })
@@ -420,6 +430,37 @@ impl PyPsClient {
     ) -> PyResult<u32> {
         let timeout = self.timeout(timeout)?;
         wait_for(py, self.inner.delete_variables(names, timeout))
+    }
+
+    #[pyo3(signature = (*, timeout=None))]
+    fn end_session(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<u64> {
+        let timeout = self.timeout(timeout)?;
+        Ok(wait_for(py, self.inner.end_session(timeout))?.0)
+    }
+
+    #[pyo3(signature = (name, dtype, shape, *, timeout=None))]
+    fn reattach(
+        &self,
+        py: Python<'_>,
+        name: String,
+        dtype: &str,
+        shape: Vec<u64>,
+        timeout: Option<f64>,
+    ) -> PyResult<Option<Vec<String>>> {
+        check_name(&name)?;
+        let dtype = crate::ps::DType::from_name(dtype).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "reattach of {name:?}: dtype {dtype:?} is not one a ps variable holds; \
+                 expected a numpy dtype name such as 'float32'"
+            ))
+        })?;
+        let request = pb::ReattachRequest {
+            name,
+            dtype: dtype.to_pb().into(),
+            shape,
+        };
+        let timeout = self.timeout(timeout)?;
+        wait_for(py, self.inner.reattach(request, timeout))
     }
 
     fn __repr__(&self) -> String {

@@ -1,6 +1,7 @@
 //! Typed status records: `WorkerReport` (a worker's own `GetStatus` answer),
 //! `WorkerStatus` (one worker as the coordinator sees it: its link plus its last report)
-//! and `PsStatus` (a parameter server's `GetStatus` answer). Frozen, built once from the
+//! `PsStatus` (a parameter server's `GetStatus` answer) and `PsSessionStatus` (one
+//! session it holds variables for). Frozen, built once from the
 //! snapshot they wrap; see `_core.pyi` for the attributes and `super::record` for the
 //! dict-style access kept for older callers.
 
@@ -183,5 +184,34 @@ record! {
         connections_dropped: u64 = self.0.connections_dropped,
         bytes_read: u64 = self.0.bytes_read,
         bytes_written: u64 = self.0.bytes_written,
+        state_ttl_seconds: f64 = self.0.state_ttl_seconds,
+        sessions: Vec<PsSessionStatus> = self.0.sessions.iter().map(PsSessionStatus::from).collect(),
+    }
+}
+
+/// One session a parameter server holds variables for (`PsStatus.sessions`).
+#[pyclass(frozen, module = "jaxcluster._core", name = "PsSessionStatus")]
+#[derive(Debug, Clone)]
+pub struct PsSessionStatus(pb::PsSessionHeld);
+
+impl From<&pb::PsSessionHeld> for PsSessionStatus {
+    fn from(held: &pb::PsSessionHeld) -> Self {
+        Self(held.clone())
+    }
+}
+
+impl PsSessionStatus {
+    fn dict_of<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        fields_dict(slf.as_any(), Self::FIELDS)
+    }
+}
+
+record! {
+    PsSessionStatus as "PsSessionStatus" (self) {
+        id: &str = &self.0.id,
+        variables: u64 = self.0.variables,
+        bytes: u64 = self.0.bytes,
+        connections: u64 = self.0.connections,
+        idle_seconds: f64 = self.0.idle_seconds,
     }
 }

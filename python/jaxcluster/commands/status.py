@@ -139,8 +139,12 @@ def _ps_row(task: str, address: str, s: PsStatus) -> Row:
         uptime_seconds=s.uptime_seconds,
         version=s.jaxcluster_version,
         details={
-            k: getattr(s, k)
-            for k in ("ps_index", "variables", "variable_bytes", "updates", "reads", "pid")
+            **{
+                k: getattr(s, k)
+                for k in ("ps_index", "variables", "variable_bytes", "updates", "reads", "pid")
+            },
+            # Each strategy's session: its variables, bytes and open connections.
+            "sessions": [held.to_dict() for held in s.sessions],
         },
     )
 

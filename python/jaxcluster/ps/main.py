@@ -91,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             max_message_bytes=args.max_message_bytes,
             tls_cert=tls_cert,
             tls_key=tls_key,
+            state_ttl=args.state_ttl,
             **limit_settings(args),
         )
         metrics = start_metrics(args, serve_ps, server)

@@ -1,8 +1,10 @@
-"""One ``PsClient`` per (ps address, token, CA) per process, shared by every variable.
+"""One ``PsClient`` per (ps address, token, CA, session) per process, shared by every
+variable.
 
 A worker may unpickle the same variables for many closures; all of them share one gRPC
-connection per ps task. The cache is keyed by process id too, so a forked child (whose
-inherited connections are unusable) builds its own.
+connection per ps task and session (each strategy's calls carry its session id, so the ps
+keeps each strategy's variables apart). The cache is keyed by process id too, so a forked
+child (whose inherited connections are unusable) builds its own.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ PS_CALL_TIMEOUT = 60.0
 
 _log = logging.getLogger("jaxcluster.strategy")
 _lock = threading.Lock()
-_clients: dict[tuple[int, str, str | None, bytes | None], Any] = {}
+_clients: dict[tuple[int, str, str | None, bytes | None, str | None], Any] = {}
 
 
 def default_token() -> str | None:
@@ -38,10 +40,13 @@ def default_tls_ca() -> bytes | None:
     return ca_from_env()
 
 
-def client_for(address: str, token: str | None, tls_ca: bytes | None = None) -> Any:
+def client_for(
+    address: str, token: str | None, tls_ca: bytes | None = None, session: str | None = None
+) -> Any:
     """The shared ``jaxcluster._core.PsClient`` for ``address`` with ``token`` (and over TLS
-    verified against ``tls_ca`` when given)."""
-    key = (os.getpid(), address, token, tls_ca)
+    verified against ``tls_ca`` when given), whose calls belong to ``session`` (a
+    strategy's :attr:`~ParameterServerStrategy.session_id`; ``None``: the anonymous one)."""
+    key = (os.getpid(), address, token, tls_ca, session)
     with _lock:
         client = _clients.get(key)
         if client is None:
@@ -52,7 +57,7 @@ def client_for(address: str, token: str | None, tls_ca: bytes | None = None) -> 
             keep_freed_memory()  # ps clients move large arrays too (see _malloc)
             warn_if_token_in_clear([address], token, tls_ca, _log, "ps task")
             client = core.PsClient(
-                address, auth_token=token, timeout=PS_CALL_TIMEOUT, tls_ca=tls_ca
+                address, auth_token=token, timeout=PS_CALL_TIMEOUT, tls_ca=tls_ca, session=session
             )
             _clients[key] = client
         return client

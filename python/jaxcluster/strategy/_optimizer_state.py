@@ -42,6 +42,7 @@ def slot_variable(
         shards,
         auth_token=parent._token,
         tls_ca=parent._tls_ca,
+        session=parent.session_id,
     )
 
 
@@ -57,6 +58,7 @@ def count_variable(
         [shard._replace(key=key, start=0, stop=0)],
         auth_token=parent._token,
         tls_ca=parent._tls_ca,
+        session=parent.session_id,
     )
 
 

@@ -162,7 +162,8 @@ class Optimizer:
 
     def build(self, variables: Any, strategy: Any) -> None:
         """Creates the slots and step counts of ``variables`` (a list or pytree) on their ps
-        tasks, zeroed (Adagrad's accumulator at its initial value), and has ``strategy``
+        tasks, zeroed (Adagrad's accumulator at its initial value; those a re-attaching
+        strategy adopted alive keep their values), and has ``strategy``
         save and restore them with its variables (``strategy.save``/``restore``). Optional:
         without it the ps creates them at the first update, and ``strategy.save`` finds
         them there; ``build`` makes them exist (and be saved) before any update.
@@ -177,12 +178,15 @@ class Optimizer:
                 made = _optimizer_state.slot_variable(variable, self._name, slot)
                 full = np.full(variable.shape, initial, dtype=variable.storage_dtype)
                 for shard in made.shards:
+                    if variable._adopted(shard.key):
+                        continue  # re-attached alive: keep its value
                     piece = made._piece(full, shard)
                     made._call(shard, "create_variable", shard.key, piece, replace=True)
                 strategy._adopt(made)
             for shard in variable.shards:
                 count = _optimizer_state.count_variable(variable, shard, self._name)
-                count._call(shard, "create_variable", count.name, np.int64(0), replace=True)
+                if not variable._adopted(count.name):
+                    count._call(shard, "create_variable", count.name, np.int64(0), replace=True)
                 strategy._adopt(count)
 
     def apply_gradients(

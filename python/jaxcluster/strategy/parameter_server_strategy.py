@@ -26,6 +26,7 @@ ps tasks take only calls that carry their token, which ``auth_token`` gives, or
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -35,11 +36,13 @@ import numpy as np
 
 from jaxcluster._auth import auth_token_from_env
 from jaxcluster._tls import ca_from_env, load_ca
-from jaxcluster.strategy import _checkpointing, _optimizer_state, _ps_wait
+from jaxcluster.strategy import _checkpointing, _optimizer_state, _ps_wait, _sessions
 from jaxcluster.strategy.checkpoint import read_checkpoint
 from jaxcluster.strategy.variables import ParameterServerVariable, Shard
 
 __all__ = ["ParameterServerStrategy"]
+
+_log = logging.getLogger("jaxcluster.strategy")
 
 _SUPPORTED = frozenset(
     {
@@ -117,6 +120,14 @@ class ParameterServerStrategy:
     ``tls_ca`` (a CA path or PEM, else ``JAXCLUSTER_TLS_CA``) ps tasks are reached over TLS;
     workers read the CA from their own ``JAXCLUSTER_TLS_CA`` (it is never pickled).
     ``ClusterCoordinator(strategy)`` takes the resolver and token from here.
+
+    Each strategy is a session (:attr:`session_id`): its variables are its own on the ps
+    tasks, even when another program (a sidecar evaluator, a second job) names its
+    variables the same. They are released at once by :meth:`shutdown` or when this process
+    exits normally, and ``--state-ttl`` seconds after a process killed outright. With
+    ``reattach=True``, :meth:`Variable` adopts a live variable of the same name, dtype and
+    shape instead of creating it: a restarted trainer continues from the values (and
+    optimizer slots) its killed predecessor left on the ps.
     """
 
     def __init__(
@@ -126,6 +137,7 @@ class ParameterServerStrategy:
         *,
         auth_token: str | None = None,
         tls_ca: str | bytes | os.PathLike[str] | None = None,
+        reattach: bool = False,
     ) -> None:
         spec = cluster_resolver.cluster_spec()
         jobs = list(spec.jobs)
@@ -150,6 +162,9 @@ class ParameterServerStrategy:
         self._variables: dict[str, ParameterServerVariable] = {}
         self._placements = 0
         self._scope_depth = 0
+        self._reattach = bool(reattach)
+        self._session = _sessions.new_session_id()
+        _sessions.register(self._session, self._addresses(), self._token, self._tls_ca)
 
     @property
     def cluster_resolver(self) -> Any:
@@ -166,6 +181,36 @@ class ParameterServerStrategy:
         """PEM of the CA ps tasks (and, through ``ClusterCoordinator``, workers) are
         verified against; ``None`` for plaintext."""
         return self._tls_ca
+
+    @property
+    def session_id(self) -> str:
+        """This strategy's session on the ps tasks: 32 random hex digits, sent with every
+        ps call its variables, optimizers and checkpoints make (on workers too)."""
+        return self._session
+
+    @property
+    def reattach(self) -> bool:
+        """Whether :meth:`Variable` adopts live ps variables of the same name."""
+        return self._reattach
+
+    def _addresses(self) -> list[str]:
+        return [self._ps[i] for i in sorted(self._ps)]
+
+    def shutdown(self) -> None:
+        """Ends this strategy's session: its variables (with their optimizer slots and
+        step counts) are released on every ps task at once. Idempotent; also done when the
+        process exits normally. ``ClusterCoordinator.shutdown()`` does not do it, so
+        ``strategy.save()`` still works after the coordinator is gone. A ps task that
+        cannot be reached is logged and keeps the variables until its ``--state-ttl``.
+
+        Example::
+
+            strategy.save("/ckpt/final")
+            strategy.shutdown()
+        """
+        if _sessions.unregister(self._session):
+            released = _sessions.end(self._session, self._addresses(), self._token, self._tls_ca)
+            _log.info("session %s ended: %d ps variables released", self._session, released)
 
     @property
     def num_ps(self) -> int:
@@ -237,8 +282,22 @@ class ParameterServerStrategy:
 
         ``dtype`` converts the value; without it arrays keep their dtype and Python
         numbers become float32 or int32. A name already used by this strategy gets a
-        suffix (``v``, ``v_1``...), as in TF; a ps variable of the same name left by an
-        earlier coordinator is replaced.
+        suffix (``v``, ``v_1``...), as in TF. Another strategy's variable of the same name
+        (another program's session) is never read or replaced.
+
+        With ``reattach=True`` on the strategy, a live ps variable of this name, dtype and
+        shape held by another session of the same token (typically a killed predecessor's,
+        kept for the ps's ``--state-ttl``) is adopted with its value and its optimizer
+        slots and step counts; ``initial_value`` is then unused and
+        :attr:`~ParameterServerVariable.reattached` is ``True``. One of another dtype or
+        shape raises ``FailedPreconditionError`` naming both.
+
+        Example::
+
+            strategy = ParameterServerStrategy(resolver, reattach=True)
+            with strategy.scope():
+                w = strategy.Variable(np.zeros(4, np.float32), name="w")
+            w.reattached            # True when a previous run's "w" was still on the ps
         """
         if self._scope_depth <= 0:
             raise RuntimeError(
@@ -273,11 +332,15 @@ class ParameterServerStrategy:
                 shards,
                 auth_token=self._token,
                 tls_ca=self._tls_ca,
+                session=self._session,
             )
             # Reserve the name before the RPCs so concurrent creators never share it.
             self._variables[unique] = variable
         try:
+            adopted = _sessions.reattach(variable) if self._reattach else frozenset()
             for shard in shards:
+                if shard.key in adopted:
+                    continue
                 piece = array if count == 1 else array[shard.start : shard.stop]
                 piece = piece.astype(variable.storage_dtype, copy=False)
                 variable._call(shard, "create_variable", shard.key, piece, replace=True)

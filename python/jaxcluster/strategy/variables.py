@@ -3,9 +3,11 @@
 A :class:`ParameterServerVariable` is a name, a dtype, a shape and a shard layout: which
 ps task holds which rows under which key. It holds no value locally. Every operation is
 one RPC per shard, made with the GIL released; an update to one shard is atomic on its ps.
-Pickled (e.g. captured by a scheduled closure) it carries only that layout, never a token:
-a worker that unpickles it authenticates with its own token and shares one connection per
-ps task with every other variable in the process.
+Pickled (e.g. captured by a scheduled closure) it carries only that layout and its
+strategy's session id, never a token: a worker that unpickles it authenticates with its own
+token, calls in the strategy's session (so it sees that strategy's variables and no
+other's), and shares one connection per ps task and session with every other variable in
+the process.
 
 Inside ``jax.jit`` (or any staged trace: ``jax.export``, ``jax.eval_shape``) a variable
 works as in a ``tf.function``: ``read_value()`` and the ``assign*`` methods become ordered
@@ -104,8 +106,12 @@ class ParameterServerVariable:
         *,
         auth_token: str | None = None,
         tls_ca: bytes | None = None,
+        session: str | None = None,
     ) -> None:
         self._name = name
+        self._session = session
+        # Shard keys, and slot and step-count keys, adopted by a re-attaching strategy.
+        self._reattached: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
         self._dtype = np.dtype(dtype)
         # The ps store keeps numbers; a bool variable travels and rests as uint8 0/1.
         self._storage = np.dtype(np.uint8) if self._dtype == np.bool_ else self._dtype
@@ -138,12 +144,32 @@ class ParameterServerVariable:
         return self._shape
 
     @property
+    def session_id(self) -> str | None:
+        """The session (its strategy's :attr:`~ParameterServerStrategy.session_id`) the
+        variable belongs to on the ps tasks; ``None``: the anonymous session."""
+        return self._session
+
+    @property
+    def reattached(self) -> bool:
+        """Whether every shard was adopted alive from the ps by a strategy made with
+        ``reattach=True`` (keeping its value) rather than created from its initial value."""
+        return len(self._reattached[0]) == len(self._shards)
+
+    def _mark_reattached(self, shards: frozenset[str], slots: frozenset[str]) -> None:
+        self._reattached = (shards, slots)
+
+    def _adopted(self, key: str) -> bool:
+        """Whether the ps key ``key`` (a shard's, or a slot's or step count's) was adopted
+        alive, so that building it anew would lose its value."""
+        return key in self._reattached[0] or key in self._reattached[1]
+
+    @property
     def shards(self) -> tuple[Shard, ...]:
         """Where the variable lives: one :class:`Shard` per piece, in row order."""
         return self._shards
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Layout only; the unpickling process supplies its own token and CA.
+        # Layout and session only; the unpickling process supplies its own token and CA.
         return (
             _rebuild,
             (
@@ -152,6 +178,7 @@ class ParameterServerVariable:
                 self._dtype.name,
                 self._shape,
                 tuple(tuple(s) for s in self._shards),
+                self._session,
             ),
         )
 
@@ -168,7 +195,7 @@ class ParameterServerVariable:
         """Calls ``PsClient.<method>(*args, **kwargs)`` on ``shard``'s ps task; an
         unreachable or restarted ps becomes a ``PSUnavailableError`` naming the task (by
         the RPC's status code)."""
-        client = _clients.client_for(shard.address, self._token, self._tls_ca)
+        client = _clients.client_for(shard.address, self._token, self._tls_ca, self._session)
         try:
             return getattr(client, method)(*args, **kwargs)
         except errors.PSUnavailableError:
@@ -177,9 +204,11 @@ class ParameterServerVariable:
             raise errors.PSUnavailableError(shard.task, shard.address, exc) from exc
         except errors.NotFoundError as exc:
             detail = (
-                f"it no longer holds {shard.key!r} (part of variable {self._name!r}): the ps "
-                f"restarted and lost its variables; restore them from a checkpoint "
-                f"({exc})"
+                f"it no longer holds {shard.key!r} (part of variable {self._name!r}) for "
+                f"this session: the ps restarted and lost its variables (restore them from "
+                f"a checkpoint), or this session was released (its strategy shut down, or "
+                f"vanished past --state-ttl), or a strategy with reattach=True took the "
+                f"variable over ({exc})"
             )
             raise errors.PSUnavailableError(shard.task, shard.address, exc, detail) from exc
 
@@ -353,11 +382,16 @@ class ParameterServerVariable:
 
 
 def _rebuild(
-    name: str, dtype_str: str, dtype_name: str, shape: tuple[int, ...], shards: tuple[Any, ...]
+    name: str,
+    dtype_str: str,
+    dtype_name: str,
+    shape: tuple[int, ...],
+    shards: tuple[Any, ...],
+    session: str | None = None,
 ) -> ParameterServerVariable:
     dtype: Any = dtype_str
     if dtype_name == "bfloat16":  # numpy cannot name it; ml_dtypes (with JAX) can
         import ml_dtypes
 
         dtype = ml_dtypes.bfloat16
-    return ParameterServerVariable(name, dtype, shape, [Shard(*s) for s in shards])
+    return ParameterServerVariable(name, dtype, shape, [Shard(*s) for s in shards], session=session)
