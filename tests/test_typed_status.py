@@ -45,6 +45,8 @@ REPORT_KEYS = [
     "slice_index",
     "slice_rank",
     "slice_size",
+    "sessions",
+    "state_ttl_seconds",
 ]
 #: What ``Dispatcher.worker_statuses()`` added to a worker's report, in order.
 LINK_KEYS = [

@@ -157,13 +157,44 @@ pub struct ConnectionStats {
     pub dropped: AtomicU64,
 }
 
+/// What runs when a connection closes (see [`on_close`]).
+type CloseHook = Box<dyn FnOnce() + Send>;
+
+/// Source of [`ConnectionInfo::id`]s, unique within the process.
+static NEXT_CONNECTION_ID: AtomicU64 = AtomicU64::new(1);
+
 /// One connection's admission state, shared by its I/O wrapper and its requests.
-#[derive(Debug, Default)]
 struct ConnectionState {
+    id: u64,
     authenticated: AtomicBool,
     evicted: AtomicBool,
     /// The connection task's waker while it waits, so an eviction wakes it.
     waker: Mutex<Option<Waker>>,
+    /// Run once when the connection closes (the session registry's release of the
+    /// sessions it carried).
+    on_close: Mutex<Vec<CloseHook>>,
+}
+
+impl Default for ConnectionState {
+    fn default() -> Self {
+        Self {
+            id: NEXT_CONNECTION_ID.fetch_add(1, Ordering::Relaxed),
+            authenticated: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            waker: Mutex::new(None),
+            on_close: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl std::fmt::Debug for ConnectionState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionState")
+            .field("id", &self.id)
+            .field("authenticated", &self.authenticated)
+            .field("evicted", &self.evicted)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ConnectionState {
@@ -197,6 +228,30 @@ impl ConnectionInfo {
     pub fn mark_authenticated(&self) {
         self.state.authenticated.store(true, Ordering::Release);
     }
+
+    /// The connection's id, unique within the process.
+    pub fn id(&self) -> u64 {
+        self.state.id
+    }
+
+    /// Runs `hook` once when the connection closes.
+    pub fn on_close(&self, hook: impl FnOnce() + Send + 'static) {
+        self.state
+            .on_close
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(Box::new(hook));
+    }
+}
+
+/// The [`ConnectionInfo`] of the connection a request came on (plaintext or TLS); `None`
+/// for a request that did not come through [`Incoming`] (an in-process test service).
+pub fn connection_info(extensions: &tonic::Extensions) -> Option<&ConnectionInfo> {
+    extensions.get::<ConnectionInfo>().or_else(|| {
+        extensions
+            .get::<TlsConnectInfo<ConnectionInfo>>()
+            .map(TlsConnectInfo::get_ref)
+    })
 }
 
 /// The client's address of the connection a request came on (plaintext or TLS). tonic's
@@ -358,6 +413,16 @@ impl GuardedStream {
 impl Drop for GuardedStream {
     fn drop(&mut self) {
         self.admission.release();
+        let hooks = std::mem::take(
+            &mut *self
+                .state
+                .on_close
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        for hook in hooks {
+            hook();
+        }
     }
 }
 
