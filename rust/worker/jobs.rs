@@ -38,6 +38,8 @@ use job::{hand_back, ReplyTo, HALT_REASON};
 pub use job::{Job, JobReply, JobRequest, Ran};
 
 /// What [`JobQueue::pop`] found.
+// A job is moved once per pop; boxing it would add an allocation per closure.
+#[allow(clippy::large_enum_variant)]
 pub enum Pop {
     /// A job to run now.
     Job(Job),

@@ -87,6 +87,8 @@ class _Peer:
         self._clients: dict[str, Any] = {}
         self.registered: set[bytes] = set()
         self.lock = threading.Lock()
+        # Its own lock: registering (under ``lock``) asks for a client.
+        self._clients_lock = threading.Lock()
 
     @property
     def client(self) -> Any:
@@ -94,7 +96,7 @@ class _Peer:
         return self.client_for("")
 
     def client_for(self, session: str) -> Any:
-        with self.lock:
+        with self._clients_lock:
             client = self._clients.get(session)
             if client is None:
                 client = self._clients[session] = self._connect(session)
@@ -106,7 +108,7 @@ class _Peer:
         try:
             client.end_session()
         finally:
-            with self.lock:
+            with self._clients_lock:
                 self._clients.pop(session, None)
 
 

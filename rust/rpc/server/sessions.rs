@@ -6,7 +6,7 @@
 //! - **Clean end.** A coordinator's `shutdown()` (or a strategy's) calls `EndSession`: the
 //!   session is released at once ([`SessionRegistry::end`]).
 //! - **Vanished.** A session whose last connection closed without ending (a coordinator
-//!   SIGKILLed, its host gone; server-side HTTP/2 keepalive closes a silent peer's
+//!   killed, its host gone; server-side HTTP/2 keepalive closes a silent peer's
 //!   connection) is released `ttl` after that ([`SessionRegistry::sweep`], run every
 //!   [`SWEEP_PERIOD`] by [`SessionRegistry::spawn_sweeper`]; `ttl` 0 releases it as its
 //!   last connection closes). A connection that carries the session again before then
