@@ -161,7 +161,11 @@ fn echo(server: &WorkerServer, stopping: &AtomicBool) {
                 JobReply::CreateResource(pb::CreateResourceResponse {
                     resource_id,
                     error: None,
+                    reattached: false,
                 })
+            }
+            JobRequest::ReleaseSession => {
+                JobReply::ReleaseResource(pb::ReleaseResourceResponse { released: 0 })
             }
             JobRequest::ReleaseResource { resource_ids } => {
                 JobReply::ReleaseResource(pb::ReleaseResourceResponse {

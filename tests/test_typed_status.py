@@ -48,6 +48,8 @@ REPORT_KEYS = [
     "preemption_source",
     "preemption_deadline",
     "preemption_detail",
+    "sessions",
+    "state_ttl_seconds",
 ]
 #: What ``Dispatcher.worker_statuses()`` added to a worker's report, in order.
 LINK_KEYS = [

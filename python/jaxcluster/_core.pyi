@@ -284,6 +284,15 @@ class WorkerReport:
     def preemption_detail(self) -> str | None:
         """What the notice said (``'instance/preempted=TRUE'``, ``'SIGUSR1'``)."""
 
+    @property
+    def sessions(self) -> list[SessionHeld]:
+        """The sessions (coordinators) this worker holds values for; empty from a worker
+        that predates sessions."""
+
+    @property
+    def state_ttl_seconds(self) -> float:
+        """How long a vanished session's values are kept (``--state-ttl``)."""
+
     def to_dict(self) -> dict[str, Any]:
         """The plain dict (for JSON, Prometheus and callers written against it)."""
 
@@ -733,6 +742,51 @@ class ClosureError:
 # --- Worker protocol (rust/py/worker.rs, rust/py/client.rs) --------------------------------
 
 @final
+class SessionHeld:
+    """One session's values a worker holds (``WorkerReport.sessions``).
+
+    Example: ``sum(s.bytes for s in client.get_status().sessions)``
+
+    Frozen; ``to_dict()`` and ``record[key]`` as for :class:`WorkerReport`."""
+
+    @property
+    def id(self) -> str:
+        """The session's id (``ClusterCoordinator.session_id``)."""
+
+    @property
+    def resources(self) -> int:
+        """Values held: per-worker datasets, iterators, device state."""
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of their array leaves."""
+
+    @property
+    def connections(self) -> int:
+        """Connections open now that carried the session (0: vanished; released after
+        the worker's ``--state-ttl``)."""
+
+    @property
+    def idle_seconds(self) -> float:
+        """Seconds since its last call."""
+
+    @property
+    def named(self) -> bool:
+        """Whether it holds named state (``create_per_worker_state(..., name=...)``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict().keys()``."""
+
+@final
 class WorkerServer:
     """The gRPC server of a worker process, serving ``jaxcluster.v1.Worker``.
 
@@ -771,8 +825,13 @@ class WorkerServer:
         slice_index: int | None = None,
         slice_rank: int | None = None,
         slice_size: int | None = None,
+        state_ttl: float = 3600.0,
     ) -> Self:
         """Binds ``address`` (port 0 picks a free port) and starts serving.
+
+        ``state_ttl``: seconds a session's values are kept after its last connection
+        closed without ``EndSession`` (0: released at once).
+
 
         Raises ``ValueError`` for a bad setting, including a non-loopback address without
         ``auth_token``, and ``OSError`` when the address cannot be bound. ``devices`` are
@@ -834,6 +893,9 @@ class WorkerServer:
     def status(self) -> WorkerReport:
         """What ``GetStatus`` would answer (as :meth:`WorkerClient.get_status`)."""
 
+    def set_session_held(self, session: str, *, values: int, bytes: int, named: bool) -> None:
+        """Records what ``session`` holds (the executor counts it), for ``GetStatus``."""
+
     def execution_seconds(self) -> LatencyHistogram:
         """How long closures ran on this worker (the executor taking one to its answer),
         as a histogram like ``Dispatcher.metrics().latency``."""
@@ -846,7 +908,18 @@ class WorkerJob:
     """
 
     @property
-    def kind(self) -> Literal["run", "create_resource", "release_resource"]: ...
+    def kind(
+        self,
+    ) -> Literal["run", "create_resource", "release_resource", "release_session"]: ...
+    @property
+    def session(self) -> str:
+        """The session the request came from (empty: the anonymous session); what it
+        creates or uses is that session's."""
+
+    @property
+    def name(self) -> str:
+        """Named state (``create_resource`` jobs): adopt a live value of this name instead
+        of running the function; empty for an ordinary resource."""
     @property
     def closure_id(self) -> int | None:
         """The coordinator's closure id (``run`` jobs)."""
@@ -893,11 +966,12 @@ class WorkerJob:
         buffers: Sequence[_BytesLike] = ...,
         *,
         released: int = 0,
+        reattached: bool = False,
     ) -> None:
         """Answers success: ``run`` needs the pickled result ``value`` (and its buffers:
         ``bytes`` and ``Buffer`` are sent without a copy, any other bytes-like object is
-        copied once); ``create_resource`` takes nothing; ``release_resource`` takes the
-        ``released`` count."""
+        copied once); ``create_resource`` takes ``reattached`` (a named value was adopted);
+        ``release_resource`` and ``release_session`` take the ``released`` count."""
 
     def reply_error(
         self,
@@ -940,12 +1014,14 @@ class WorkerClient:
         max_message_bytes: int = ...,
         tls_ca: bytes | None = None,
         tls_domain: str | None = None,
+        session: str | None = None,
     ) -> Self:
-        """``address`` is ``host:port`` (optionally ``grpc://``). ``timeout`` bounds the
-        control calls (status, devices, register, release) unless they pass their own
-        (default 30 s); ``max_message_bytes`` defaults to 64 MiB. With ``tls_ca`` (PEM CA
-        bytes) it connects over TLS and verifies the worker's certificate for ``tls_domain``
-        or the address's host."""
+        """``session``: every call carries it (``jaxcluster-session``); ``None``: the
+        anonymous session. ``address`` is ``host:port`` (optionally ``grpc://``).
+        ``timeout`` bounds the control calls (status, devices, register, release) unless
+        they pass their own (default 30 s); ``max_message_bytes`` defaults to 64 MiB.
+        With ``tls_ca`` (PEM CA bytes) it connects over TLS and verifies the worker's
+        certificate for ``tls_domain`` or the address's host."""
 
     @property
     def address(self) -> str: ...
@@ -1002,13 +1078,20 @@ class WorkerClient:
         *,
         timeout: float | None = None,
         worker_index: int | None = None,
+        name: str = ...,
     ) -> dict[str, Any]:
         """Runs a registered function and keeps its result on the worker under
-        ``resource_id``. Returns ``{"resource_id", "error"}`` (``error`` as in
-        :meth:`run_closure`, or None); ``worker_index`` as in :meth:`run_closure`."""
+        ``resource_id``. Returns ``{"resource_id", "reattached", "error"}`` (``error`` as
+        in :meth:`run_closure`, or None); ``worker_index`` as in :meth:`run_closure`. With
+        ``name``, a live value of that name is adopted instead (``reattached`` True, the
+        function not run)."""
 
     def release_resource(self, resource_ids: Sequence[int], *, timeout: float | None = None) -> int:
         """Drops resources on the worker; returns how many it held."""
+
+    def end_session(self, *, timeout: float | None = None) -> bool:
+        """Ends this client's session on the worker: what it created there is released
+        at once. Returns whether the worker knew the session."""
 
 # --- Device names (rust/py/device.rs) -------------------------------------------------------
 
@@ -1261,8 +1344,12 @@ class Dispatcher:
         python_version: str | None = None,
         jax_version: str | None = None,
         jaxcluster_version: str | None = None,
+        session_id: str | None = None,
     ) -> Self:
-        """``slice_sizes`` (one per address, default all 1): how many hosts the slice whose
+        """``session_id``: every call to a worker carries it, so what this dispatcher
+        creates there is its own (``None``: the anonymous session).
+
+        ``slice_sizes`` (one per address, default all 1): how many hosts the slice whose
         rank 0 each address is must have; a worker reporting another slice size, or a rank
         other than 0, is not used (its link keeps retrying and says why, until the
         recovery bound). ``python_version``, ``jax_version`` and ``jaxcluster_version``
@@ -1307,8 +1394,12 @@ class Dispatcher:
         closure is cancelled with the rest (as TF does). ``ValueError`` for an unknown
         function or a released resource; ``RuntimeError`` after :meth:`shutdown`."""
 
-    def create_resource(self, function_hash: bytes, *, rebuild: bool = True) -> PerWorkerResource:
-        """Builds a per-worker resource: each worker runs the registered function (no
+    def create_resource(
+        self, function_hash: bytes, *, rebuild: bool = True, name: str = ""
+    ) -> PerWorkerResource:
+        """With ``name`` (named state), a worker holding a live value of that name adopts
+        it instead of running the function (:meth:`PerWorkerResource.reattached`). Builds a
+        per-worker resource: each worker runs the registered function (no
         arguments) and keeps the result, ahead of the closures queued after this call.
         Returns at once; never raises the function's error (a closure using a resource whose
         build failed on its worker fails with ``ClosureInputError``). With ``rebuild`` a
@@ -1455,6 +1546,9 @@ class PerWorkerResource:
         """The resource's state on ``worker`` (``IndexError`` when out of range); aborted
         when lost with its worker (rebuilt when it returns) or released; lost when lost
         with its worker and created with ``rebuild=False``."""
+
+    def reattached(self, worker: int) -> bool:
+        """Whether ``worker``'s value was a live named value adopted, not built."""
 
     def release(self) -> None:
         """Releases it on every worker now; later schedules with it raise ``ValueError``.

@@ -96,6 +96,15 @@ def add_task_arguments(
         "are still starting (default 300)",
     )
     parser.add_argument(
+        "--state-ttl",
+        type=_non_negative_seconds,
+        default=3600.0,
+        metavar="SECONDS",
+        help="how long what a coordinator (a session) created here is kept after its last "
+        "connection closed without a clean shutdown, e.g. it was killed (default 3600; 0 "
+        "releases it at once). A clean shutdown releases it at once",
+    )
+    parser.add_argument(
         "--max-message-bytes",
         type=int,
         default=DEFAULT_MAX_MESSAGE_BYTES,
@@ -173,6 +182,17 @@ class LimitSettings(TypedDict):
     max_connections: int
     max_streams_per_connection: int
     handshake_timeout: float
+
+
+def _non_negative_seconds(text: str) -> float:
+    """A ``--state-ttl`` value: seconds, at least 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not seconds >= 0 or seconds == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a finite number of seconds >= 0")
+    return seconds
 
 
 def limit_settings(args: argparse.Namespace) -> LimitSettings:

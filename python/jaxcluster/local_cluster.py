@@ -50,6 +50,8 @@ class LocalCluster:
     when its slice breaks, and :meth:`kill_worker` SIGKILLs one host's process (its
     supervisor starts it again, so the slice re-forms by itself). ``devices_per_host=N``
     gives every worker N forced CPU devices (``XLA_FLAGS``, ``JAX_PLATFORMS=cpu``).
+    ``state_ttl=S`` starts every task with ``--state-ttl S``: a coordinator that vanished
+    without shutting down has its values released S seconds later (default 3600).
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class LocalCluster:
         start_timeout: float = 120.0,
         hosts_per_slice: int = 1,
         devices_per_host: int | None = None,
+        state_ttl: float | None = None,
     ) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers={num_workers!r}; expected an int of at least 1")
@@ -78,6 +81,9 @@ class LocalCluster:
         if devices_per_host is not None:
             _check_count("devices_per_host", devices_per_host)
         self._hosts_per_slice = hosts_per_slice
+        # Every task keeps a vanished coordinator's state this long (--state-ttl).
+        ttl_args = () if state_ttl is None else ("--state-ttl", repr(float(state_ttl)))
+        worker_args = (*worker_args, *ttl_args)
         self._token = secrets.token_hex(16)
         self._env = {**os.environ, **(env or {}), AUTH_TOKEN_ENV: self._token}
         if devices_per_host is not None:
@@ -101,7 +107,7 @@ class LocalCluster:
             per_task=_slice_flags(hosts_per_slice, num_workers),
             own_group=hosts_per_slice > 1,
         )
-        self._ps = TaskGroup("ps", num_ps, self._env, self._token)
+        self._ps = TaskGroup("ps", num_ps, self._env, self._token, ttl_args)
         try:
             self._ps.start_all(start_timeout)
             self._workers.start_all(start_timeout)

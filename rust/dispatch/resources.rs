@@ -84,6 +84,12 @@ pub(crate) struct ResourceInner {
     /// Whether a worker that lost the resource (it failed or restarted) builds it again;
     /// if not, the resource is `Lost` there.
     pub rebuild: bool,
+    /// Named state: each worker adopts a live value of this name rather than building
+    /// it (empty: an ordinary resource).
+    pub name: String,
+    /// The workers whose last build adopted a live named value instead of running the
+    /// function.
+    reattached: Mutex<std::collections::HashSet<usize>>,
     states: Mutex<Vec<ResourceState>>,
     released: AtomicBool,
     owner: Weak<Shared>,
@@ -101,10 +107,33 @@ impl ResourceInner {
             id,
             function,
             rebuild,
+            name: String::new(),
+            reattached: Mutex::default(),
             states: Mutex::new(vec![ResourceState::Pending; workers]),
             released: AtomicBool::new(false),
             owner,
         }
+    }
+
+    /// Records whether `worker`'s last build adopted a live named value.
+    pub fn set_reattached(&self, worker: usize, reattached: bool) {
+        let mut set = self
+            .reattached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if reattached {
+            set.insert(worker);
+        } else {
+            set.remove(&worker);
+        }
+    }
+
+    /// Whether `worker`'s last build adopted a live named value.
+    pub fn is_reattached(&self, worker: usize) -> bool {
+        self.reattached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(&worker)
     }
 
     fn states(&self) -> MutexGuard<'_, Vec<ResourceState>> {
@@ -293,6 +322,11 @@ impl PerWorkerResource {
     /// The resource's state on `worker` (`Aborted` for an index out of range).
     pub fn state(&self, worker: usize) -> ResourceState {
         self.inner.state(worker)
+    }
+
+    /// Whether `worker`'s value was a live named value adopted rather than built.
+    pub fn is_reattached(&self, worker: usize) -> bool {
+        self.inner.is_reattached(worker)
     }
 
     /// Releases the resource on every worker now; closures scheduled later with it fail

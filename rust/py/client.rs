@@ -89,7 +89,8 @@ impl PyWorkerClient {
 impl PyWorkerClient {
     #[new]
     #[pyo3(signature = (address, auth_token=None, timeout=Some(30.0), *, connect_timeout=10.0,
-                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_ca=None, tls_domain=None))]
+                        max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, tls_ca=None, tls_domain=None,
+                        session=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -100,8 +101,9 @@ impl PyWorkerClient {
         max_message_bytes: usize,
         tls_ca: Option<Vec<u8>>,
         tls_domain: Option<String>,
+        session: Option<String>,
     ) -> PyResult<Self> {
-        let config = client_config(
+        let mut config = client_config(
             address,
             auth_token,
             connect_timeout,
@@ -109,6 +111,7 @@ impl PyWorkerClient {
             tls_ca,
             tls_domain,
         )?;
+        config.session = session.filter(|s| !s.is_empty());
         let timeout = duration(timeout, "timeout")?;
         let inner = in_runtime(py, || WorkerClient::connect_lazy(&config))?;
         Ok(Self { inner, timeout })
@@ -188,9 +191,9 @@ impl PyWorkerClient {
         run_dict(py, &response, self.inner.address())
     }
 
-    #[pyo3(signature = (resource_id, function_hash, args=None, buffers=Vec::new(), *, timeout=None, worker_index=None))]
-    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
-    #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
+    #[pyo3(signature = (resource_id, function_hash, args=None, buffers=Vec::new(), *, timeout=None,
+                        worker_index=None, name=String::new()))]
+    #[allow(clippy::needless_pass_by_value, clippy::too_many_arguments)] // PyO3 extracts owned arguments
     fn create_resource<'py>(
         &self,
         py: Python<'py>,
@@ -200,17 +203,20 @@ impl PyWorkerClient {
         buffers: Vec<Bound<'py, PyAny>>,
         timeout: Option<f64>,
         worker_index: Option<i64>,
+        name: String,
     ) -> PyResult<Bound<'py, PyDict>> {
         let request = pb::CreateResourceRequest {
             resource_id,
             function_hash: to_bytes(function_hash),
             args: value(args.as_ref(), &buffers)?,
             worker_index,
+            name,
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.create_resource(request, timeout))?;
         let d = PyDict::new(py);
         d.set_item("resource_id", response.resource_id)?;
+        d.set_item("reattached", response.reattached)?;
         match &response.error {
             Some(e) => d.set_item("error", reported_error(py, e, self.inner.address())?)?,
             None => d.set_item("error", py.None())?,
@@ -227,6 +233,12 @@ impl PyWorkerClient {
     ) -> PyResult<u32> {
         let timeout = self.control_timeout(timeout)?;
         wait_for(py, self.inner.release_resource(resource_ids, timeout))
+    }
+
+    #[pyo3(signature = (*, timeout=None))]
+    fn end_session(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let timeout = self.control_timeout(timeout)?;
+        wait_for(py, self.inner.end_session(timeout))
     }
 
     fn __repr__(&self) -> String {

@@ -54,7 +54,8 @@ impl PyDispatcher {
         error_policy = "cancel_all", closure_timeout = None, recovery_timeout = None,
         max_message_bytes = 67_108_864, tls_ca = None, heartbeat_timeout = None,
         max_closure_retries = None, connect_timeout = None, slice_sizes = Vec::new(),
-        python_version = None, jax_version = None, jaxcluster_version = None
+        python_version = None, jax_version = None, jaxcluster_version = None,
+        session_id = None
     ))]
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
@@ -75,6 +76,7 @@ impl PyDispatcher {
         python_version: Option<String>,
         jax_version: Option<String>,
         jaxcluster_version: Option<String>,
+        session_id: Option<String>,
     ) -> PyResult<Self> {
         let tls =
             crate::rpc::security::tls::client_tls(tls_ca, None).map_err(PyValueError::new_err)?;
@@ -123,6 +125,7 @@ impl PyDispatcher {
         }
         let mut client = ClientConfig::new(String::new());
         client.auth_token = auth_token.map(str::to_owned);
+        client.session = session_id.filter(|s| !s.is_empty());
         client.max_message_bytes = max_message_bytes;
         client.tls = tls;
         let clients = connect_all(py, &client, &addresses)?;
@@ -207,16 +210,17 @@ impl PyDispatcher {
         }
     }
 
-    #[pyo3(signature = (function_hash, *, rebuild = true))]
+    #[pyo3(signature = (function_hash, *, rebuild = true, name = ""))]
     fn create_resource(
         &self,
         py: Python<'_>,
         function_hash: &[u8],
         rebuild: bool,
+        name: &str,
     ) -> PyResult<PyPerWorkerResource> {
         let inner = self
             .inner
-            .create_resource(function_hash, rebuild)
+            .create_named_resource(function_hash, rebuild, name)
             .map_err(|e| dispatch_error(py, e))?;
         Ok(PyPerWorkerResource { inner })
     }
@@ -420,6 +424,10 @@ impl PyPerWorkerResource {
                 workers.saturating_sub(1)
             ))),
         }
+    }
+
+    fn reattached(&self, worker: i64) -> bool {
+        usize::try_from(worker).is_ok_and(|index| self.inner.is_reattached(index))
     }
 
     fn release(&self) {

@@ -41,6 +41,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ps::PyPsClient>()?;
     enums::register(m)?;
     m.add_class::<status::WorkerReport>()?;
+    m.add_class::<status::SessionHeld>()?;
     m.add_class::<status::WorkerStatus>()?;
     m.add_class::<status::PsStatus>()?;
     m.add_class::<status::PsSessionStatus>()?;

@@ -66,6 +66,30 @@ record! {
         preemption_source: Option<&str> = self.0.preemption.as_ref().map(|n| n.source.as_str()),
         preemption_deadline: Option<f64> = preemption_deadline(self.0.preemption.as_ref()),
         preemption_detail: Option<&str> = self.0.preemption.as_ref().map(|n| n.detail.as_str()),
+        sessions: Vec<SessionHeld> = self.0.sessions.iter().cloned().map(SessionHeld).collect(),
+        state_ttl_seconds: f64 = self.0.state_ttl_seconds,
+    }
+}
+
+/// One session's values a worker holds (`WorkerReport.sessions`).
+#[pyclass(frozen, module = "jaxcluster._core", name = "SessionHeld")]
+#[derive(Debug, Clone)]
+pub struct SessionHeld(pb::SessionHeld);
+
+impl SessionHeld {
+    fn dict_of<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        fields_dict(slf.as_any(), Self::FIELDS)
+    }
+}
+
+record! {
+    SessionHeld as "SessionHeld" (self) {
+        id: &str = &self.0.id,
+        resources: u64 = self.0.resources,
+        bytes: u64 = self.0.bytes,
+        connections: u32 = self.0.connections,
+        idle_seconds: f64 = self.0.idle_seconds,
+        named: bool = self.0.named,
     }
 }
 

@@ -18,8 +18,10 @@ use crate::rpc::pb;
 use crate::rpc::server::connections::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION,
 };
+use crate::rpc::server::sessions::Held;
 use crate::rpc::wire::codes::{parse_code, parse_error_kind};
 use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
+use crate::rpc::wire::session::SessionId;
 use crate::worker::store::DEFAULT_MAX_FUNCTION_BYTES;
 use crate::worker::{Job, JobReply, JobRequest, Pop, Ran, WorkerConfig, WorkerError, WorkerServer};
 
@@ -64,7 +66,7 @@ impl PyWorkerServer {
                         handshake_timeout=5.0,
                         max_function_bytes=DEFAULT_MAX_FUNCTION_BYTES,
                         previous_exit=String::new(), python_version=None,
-                        slice_index=None, slice_rank=None, slice_size=None))]
+                        slice_index=None, slice_rank=None, slice_size=None, state_ttl=3600.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -87,7 +89,9 @@ impl PyWorkerServer {
         slice_index: Option<u32>,
         slice_rank: Option<u32>,
         slice_size: Option<u32>,
+        state_ttl: f64,
     ) -> PyResult<Self> {
+        let state_ttl = duration(Some(state_ttl), "state_ttl")?.unwrap_or_default();
         let slice = slice_membership(slice_index, slice_rank, slice_size)?;
         let tls = crate::rpc::security::tls::server_tls(tls_cert, tls_key)
             .map_err(PyValueError::new_err)?;
@@ -118,6 +122,7 @@ impl PyWorkerServer {
             }),
             platform,
             device_kind,
+            state_ttl,
         };
         let server = block_detached(py, WorkerServer::start(config))?.map_err(worker_error)?;
         Ok(Self {
@@ -226,6 +231,26 @@ impl PyWorkerServer {
         WorkerReport::from(&self.inner.status())
     }
 
+    #[pyo3(signature = (session, *, values, bytes, named))]
+    fn set_session_held(
+        &self,
+        session: &str,
+        values: u64,
+        bytes: u64,
+        named: bool,
+    ) -> PyResult<()> {
+        let session = SessionId::new(session).map_err(PyValueError::new_err)?;
+        self.inner.set_session_held(
+            &session,
+            Held {
+                values,
+                bytes,
+                named,
+            },
+        );
+        Ok(())
+    }
+
     fn execution_seconds(&self) -> LatencyHistogram {
         LatencyHistogram::from(&self.inner.execution_times())
     }
@@ -239,6 +264,7 @@ impl PyWorkerServer {
 #[pyclass(module = "jaxcluster._core", name = "WorkerJob", frozen)]
 pub struct PyWorkerJob {
     request: JobRequest,
+    session: SessionId,
     job: Mutex<Option<Job>>,
 }
 
@@ -246,6 +272,7 @@ impl PyWorkerJob {
     fn new(job: Job) -> Self {
         Self {
             request: job.request().clone(),
+            session: job.session().clone(),
             job: Mutex::new(Some(job)),
         }
     }
@@ -263,7 +290,7 @@ impl PyWorkerJob {
             JobRequest::Run { args, .. } | JobRequest::CreateResource { args, .. } => {
                 args.as_ref().filter(|v| !v.pickle.is_empty())
             }
-            JobRequest::ReleaseResource { .. } => None,
+            JobRequest::ReleaseResource { .. } | JobRequest::ReleaseSession => None,
         }
     }
 
@@ -272,7 +299,7 @@ impl PyWorkerJob {
             JobRequest::Run { function, .. } | JobRequest::CreateResource { function, .. } => {
                 Some(function)
             }
-            JobRequest::ReleaseResource { .. } => None,
+            JobRequest::ReleaseResource { .. } | JobRequest::ReleaseSession => None,
         }
     }
 }
@@ -285,6 +312,20 @@ impl PyWorkerJob {
             JobRequest::Run { .. } => "run",
             JobRequest::CreateResource { .. } => "create_resource",
             JobRequest::ReleaseResource { .. } => "release_resource",
+            JobRequest::ReleaseSession => "release_session",
+        }
+    }
+
+    #[getter]
+    fn session(&self) -> &str {
+        self.session.as_str()
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        match &self.request {
+            JobRequest::CreateResource { name, .. } => name,
+            _ => "",
         }
     }
 
@@ -309,7 +350,7 @@ impl PyWorkerJob {
         match self.request {
             JobRequest::Run { worker_index, .. }
             | JobRequest::CreateResource { worker_index, .. } => worker_index,
-            JobRequest::ReleaseResource { .. } => None,
+            JobRequest::ReleaseResource { .. } | JobRequest::ReleaseSession => None,
         }
     }
 
@@ -358,13 +399,14 @@ impl PyWorkerJob {
             .is_none()
     }
 
-    #[pyo3(signature = (value=None, buffers=Vec::new(), *, released=0))]
+    #[pyo3(signature = (value=None, buffers=Vec::new(), *, released=0, reattached=false))]
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
     fn reply_ok(
         &self,
         value: Option<Bound<'_, PyAny>>,
         buffers: Vec<Bound<'_, PyAny>>,
         released: u32,
+        reattached: bool,
     ) -> PyResult<()> {
         let reply = match &self.request {
             JobRequest::Run { .. } => {
@@ -382,9 +424,10 @@ impl PyWorkerJob {
                 JobReply::CreateResource(pb::CreateResourceResponse {
                     resource_id: *resource_id,
                     error: None,
+                    reattached,
                 })
             }
-            JobRequest::ReleaseResource { .. } => {
+            JobRequest::ReleaseResource { .. } | JobRequest::ReleaseSession => {
                 JobReply::ReleaseResource(pb::ReleaseResourceResponse { released })
             }
         };
@@ -430,12 +473,14 @@ impl PyWorkerJob {
                 JobReply::CreateResource(pb::CreateResourceResponse {
                     resource_id: *resource_id,
                     error: Some(error),
+                    reattached: false,
                 })
             }
-            JobRequest::ReleaseResource { .. } => {
-                return Err(PyValueError::new_err(
-                    "a 'release_resource' job cannot carry a closure error; use reply_status",
-                ))
+            JobRequest::ReleaseResource { .. } | JobRequest::ReleaseSession => {
+                return Err(PyValueError::new_err(format!(
+                    "a {:?} job cannot carry a closure error; use reply_status",
+                    self.kind()
+                )))
             }
         };
         self.take()?.reply(reply);

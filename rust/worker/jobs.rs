@@ -30,6 +30,7 @@ use tonic::Status;
 
 use super::stats::Stats;
 use super::stream::ClosureStream;
+use crate::rpc::wire::session::SessionId;
 
 mod job;
 
@@ -37,6 +38,8 @@ use job::{hand_back, ReplyTo, HALT_REASON};
 pub use job::{Job, JobReply, JobRequest, Ran};
 
 /// What [`JobQueue::pop`] found.
+// A job is moved once per pop; boxing it would add an allocation per closure.
+#[allow(clippy::large_enum_variant)]
 pub enum Pop {
     /// A job to run now.
     Job(Job),
@@ -111,6 +114,15 @@ impl JobQueue {
         &self,
         request: JobRequest,
     ) -> Result<oneshot::Receiver<Result<JobReply, Status>>, Status> {
+        self.push_as(&SessionId::anonymous(), request)
+    }
+
+    /// Queues `request` of `session` (its values are that session's); as [`Self::push`].
+    pub fn push_as(
+        &self,
+        session: &SessionId,
+        request: JobRequest,
+    ) -> Result<oneshot::Receiver<Result<JobReply, Status>>, Status> {
         let (sender, receiver) = oneshot::channel();
         let mut state = self.lock();
         if state.draining {
@@ -118,6 +130,7 @@ impl JobQueue {
         }
         state.jobs.push_back(Job {
             request,
+            session: session.clone(),
             reply: Some(ReplyTo::Call(sender)),
             queue: None,
             started: None,
@@ -128,7 +141,12 @@ impl JobQueue {
 
     /// Queues closures of `stream`, in order, answering each on the stream. While draining
     /// they are refused `UNAVAILABLE`; while the stream is halted they are handed back.
-    pub(super) fn push_streamed(&self, jobs: Vec<(u64, JobRequest)>, stream: &Arc<ClosureStream>) {
+    pub(super) fn push_streamed(
+        &self,
+        jobs: Vec<(u64, JobRequest)>,
+        stream: &Arc<ClosureStream>,
+        session: &SessionId,
+    ) {
         if jobs.is_empty() {
             return;
         }
@@ -149,6 +167,7 @@ impl JobQueue {
         }
         state.jobs.extend(jobs.into_iter().map(|(_, request)| Job {
             request,
+            session: session.clone(),
             reply: Some(ReplyTo::Stream(Arc::clone(stream))),
             queue: None,
             started: None,

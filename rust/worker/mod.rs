@@ -57,9 +57,11 @@ use crate::rpc::pb;
 use crate::rpc::security::auth::{validate_token, AuthCheck};
 use crate::rpc::server::connections::{ConnectionStats, ServerLimits};
 use crate::rpc::server::serve::{self, BindError, Serving};
+use crate::rpc::server::sessions::{Held, SessionRegistry, DEFAULT_TTL};
 use crate::rpc::wire::limits::{
     validate_max_message_bytes, DEFAULT_MAX_MESSAGE_BYTES, MAX_FRAME_BYTES,
 };
+use crate::rpc::wire::session::SessionId;
 use jobs::JobQueue;
 use service::WorkerService;
 use state::WorkerState;
@@ -98,6 +100,9 @@ pub struct WorkerConfig {
     pub previous_exit: String,
     /// The slice this worker is a host of, reported by `GetStatus`; `None` on its own.
     pub slice: Option<pb::SliceMembership>,
+    /// How long the values of a session that vanished (its last connection closed
+    /// without `EndSession`) are kept (`--state-ttl`; zero: released at once).
+    pub state_ttl: Duration,
 }
 
 impl Default for WorkerConfig {
@@ -117,6 +122,7 @@ impl Default for WorkerConfig {
             max_function_bytes: store::DEFAULT_MAX_FUNCTION_BYTES,
             previous_exit: String::new(),
             slice: None,
+            state_ttl: DEFAULT_TTL,
         }
     }
 }
@@ -182,6 +188,13 @@ impl WorkerServer {
             serve::bind(&config.address, config.auth_token.is_some(), exposes).await?;
         let counters = Arc::new(Stats::default());
         let connections = Arc::new(ConnectionStats::default());
+        let queue = Arc::new(JobQueue::new(Arc::clone(&counters), config.worker_index));
+        let sessions = Arc::new(session_registry(
+            config.state_ttl,
+            Arc::clone(&queue),
+            config.worker_index,
+        ));
+        sessions.spawn_sweeper();
         let state = Arc::new(WorkerState {
             worker_index: config.worker_index,
             jax_version: config.jax_version,
@@ -191,7 +204,8 @@ impl WorkerServer {
             device_kind: config.device_kind,
             max_message_bytes: limit,
             store: FunctionStore::new(config.max_function_bytes),
-            queue: Arc::new(JobQueue::new(Arc::clone(&counters), config.worker_index)),
+            queue,
+            sessions,
             stats: Arc::clone(&counters),
             started: Instant::now(),
             previous_exit: config.previous_exit,
@@ -348,6 +362,11 @@ impl WorkerServer {
         self.state.status()
     }
 
+    /// Records what `session` holds, as the executor counts it (shown by `GetStatus`).
+    pub fn set_session_held(&self, session: &SessionId, held: Held) {
+        self.state.sessions.set_held(session, held);
+    }
+
     /// How long closures ran here (executor taking one to its answer), for metrics.
     pub fn execution_times(&self) -> crate::histogram::LatencySnapshot {
         self.state.stats.execution.snapshot()
@@ -358,6 +377,20 @@ impl WorkerServer {
     pub fn stop_serving(&self) -> Option<JoinHandle<Result<(), tonic::transport::Error>>> {
         self.serving.stop()
     }
+}
+
+/// The worker's sessions: a released session's values are dropped by the executor, as a
+/// `ReleaseSession` job queued behind what the session sent before.
+fn session_registry(ttl: Duration, queue: Arc<JobQueue>, worker_index: i64) -> SessionRegistry {
+    SessionRegistry::new(ttl, move |session, why| {
+        tracing::info!(
+            target: crate::log_target::WORKER,
+            "worker {worker_index}: releasing session {session} ({})",
+            why.label()
+        );
+        // Nobody awaits the answer; a draining worker is dropping everything anyway.
+        let _ = queue.push_as(session, JobRequest::ReleaseSession);
+    })
 }
 
 impl Drop for WorkerServer {

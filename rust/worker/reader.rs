@@ -16,6 +16,7 @@
 //! with its status (`INVALID_ARGUMENT` or `RESOURCE_EXHAUSTED`) after handing back what the
 //! stream had queued. Large answers are cut into chunks on the way out (`outgoing.rs`).
 
+use crate::rpc::wire::session::SessionId;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,13 +45,14 @@ pub(super) type Incoming =
 
 /// Starts serving one `RunClosures` call: spawns the task that queues the requests and
 /// returns the stream of answers.
-pub(super) fn serve(state: &Arc<WorkerState>, incoming: Incoming) -> Outgoing {
+pub(super) fn serve(state: &Arc<WorkerState>, incoming: Incoming, session: SessionId) -> Outgoing {
     let (sender, lease, replies) = reply_channel(state.max_message_bytes, &state.preemption);
     let (fail, failed) = oneshot::channel();
     let requests = Requests {
         incoming,
         assembler: Assembler::default(),
         fail: Some(fail),
+        session,
     };
     tokio::spawn(read_requests(Arc::clone(state), requests, sender, lease));
     Outgoing::new(replies, failed, state.max_message_bytes)
@@ -62,6 +64,8 @@ struct Requests {
     assembler: Assembler,
     /// Ends the call with a status (taken once).
     fail: Option<oneshot::Sender<Status>>,
+    /// The session of the call (its metadata): every closure it sends runs in it.
+    session: SessionId,
 }
 
 /// What reading the next request gave.
@@ -183,7 +187,8 @@ async fn read_stream(
     first: pb::RunClosuresRequest,
     mut requests: Requests,
 ) {
-    queue_message(state, stream, first);
+    let session = requests.session.clone();
+    queue_message(state, stream, &session, first);
     let mut progress_heartbeat: Option<Instant> = None;
     let mut draining = false;
     loop {
@@ -212,7 +217,7 @@ async fn read_stream(
             () = state.farewells.released(), if draining => return,
         };
         match next {
-            Next::Request(request) => queue_message(state, stream, request),
+            Next::Request(request) => queue_message(state, stream, &session, request),
             // A large request takes a while to arrive, and the pings sent after it wait
             // behind its chunks: its chunks are the worker's sign of life meanwhile, or a
             // coordinator with a heartbeat bound shorter than the upload would declare this
@@ -255,6 +260,7 @@ async fn read_stream(
 fn queue_message(
     state: &WorkerState,
     stream: &Arc<ClosureStream>,
+    session: &SessionId,
     request: pb::RunClosuresRequest,
 ) {
     let queue: &JobQueue = &state.queue;
@@ -277,10 +283,10 @@ fn queue_message(
             Ok(job) => jobs.push((closure_id, job)),
             Err(status) => {
                 // Queue what came before, in order, then refuse (and maybe halt) here.
-                queue.push_streamed(std::mem::take(&mut jobs), stream);
+                queue.push_streamed(std::mem::take(&mut jobs), stream, session);
                 queue.refuse_streamed(stream, closure_id, &status);
             }
         }
     }
-    queue.push_streamed(jobs, stream);
+    queue.push_streamed(jobs, stream, session);
 }

@@ -52,9 +52,15 @@ impl<S> Routes<S> {
     fn run_closures(&self, request: Request<Body>) -> Response<Body> {
         let (parts, body) = request.into_parts();
         let call = tonic::Request::from_http(Request::from_parts(parts, ()));
-        if let Err(status) = self.auth.clone().call(call) {
-            return status.into_http();
-        }
+        let session = match self
+            .auth
+            .clone()
+            .call(call)
+            .and_then(|call| self.state.session_of(call.metadata(), call.extensions()))
+        {
+            Ok(session) => session,
+            Err(status) => return status.into_http(),
+        };
         let limit = self.state.max_message_bytes;
         let incoming = Unframed::<_, pb::RunClosuresRequest>::new(
             body,
@@ -62,7 +68,7 @@ impl<S> Routes<S> {
             "a RunClosures request",
             Ending::Request,
         );
-        let outgoing = reader::serve(&self.state, Box::pin(incoming));
+        let outgoing = reader::serve(&self.state, Box::pin(incoming), session);
         let mut response = Response::new(Body::new(FramedBody::new(
             outgoing,
             limit,

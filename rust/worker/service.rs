@@ -14,6 +14,7 @@ use super::outgoing::Outgoing;
 use super::reader;
 use super::state::WorkerState;
 use crate::rpc::wire::chunks;
+use crate::rpc::wire::session::SessionId;
 use crate::rpc::{pb, PROTOCOL_REVISION, REVISION_HEADER};
 
 /// The unary methods `CallChunked` carries.
@@ -33,6 +34,12 @@ impl WorkerService {
     pub fn new(state: Arc<WorkerState>) -> Self {
         Self { state }
     }
+
+    /// The session `request` belongs to (see [`WorkerState::session_of`]).
+    fn session<T>(&self, request: &Request<T>) -> Result<SessionId, Status> {
+        self.state
+            .session_of(request.metadata(), request.extensions())
+    }
 }
 
 /// A chunked request decoded; a failure is counted as a rejected request.
@@ -47,10 +54,14 @@ fn decoded<M: Message + Default>(
 impl WorkerService {
     /// Runs one closure for unary `RunClosure` (whole or chunked): its answer is built
     /// here, once, from what the executor says it gave.
-    async fn run(&self, request: pb::RunClosureRequest) -> Result<pb::RunClosureResponse, Status> {
+    async fn run(
+        &self,
+        session: &SessionId,
+        request: pb::RunClosureRequest,
+    ) -> Result<pb::RunClosureResponse, Status> {
         let closure_id = request.closure_id;
         let job = self.state.run_job(request)?;
-        let JobReply::Run(ran) = self.state.submit(job).await? else {
+        let JobReply::Run(ran) = self.state.submit_as(session, job).await? else {
             return Err(mismatched());
         };
         Ok(pb::RunClosureResponse {
@@ -61,16 +72,25 @@ impl WorkerService {
 
     /// Runs one unary call that came through `CallChunked`: as the unary handler would,
     /// except that the answer may be of any size (it leaves in chunks).
-    async fn chunked(&self, method: String, encoded: Bytes) -> Result<Vec<pb::Chunk>, Status> {
+    async fn chunked(
+        &self,
+        session: &SessionId,
+        method: String,
+        encoded: Bytes,
+    ) -> Result<Vec<pb::Chunk>, Status> {
         let state = &self.state;
         let what = format!("a chunked {method} request");
         let what = what.as_str();
         let limit = state.max_message_bytes;
         Ok(match method.as_str() {
-            "RunClosure" => chunks::answer(&self.run(decoded(state, encoded, what)?).await?, limit),
+            "RunClosure" => chunks::answer(
+                &self.run(session, decoded(state, encoded, what)?).await?,
+                limit,
+            ),
             "CreateResource" => {
                 let job = state.create_resource_job(decoded(state, encoded, what)?)?;
-                let JobReply::CreateResource(response) = state.submit(job).await? else {
+                let JobReply::CreateResource(response) = state.submit_as(session, job).await?
+                else {
                     return Err(mismatched());
                 };
                 chunks::answer(&response, limit)
@@ -116,7 +136,8 @@ impl pb::worker_server::Worker for WorkerService {
         &self,
         request: Request<pb::RunClosureRequest>,
     ) -> Result<Response<pb::RunClosureResponse>, Status> {
-        let response = self.run(request.into_inner()).await?;
+        let session = self.session(&request)?;
+        let response = self.run(&session, request.into_inner()).await?;
         self.state.check_size(&response, "the closure's result")?;
         Ok(Response::new(response))
     }
@@ -129,8 +150,9 @@ impl pb::worker_server::Worker for WorkerService {
     ) -> Result<Response<Self::RunClosuresStream>, Status> {
         // Reached only by a caller that bypasses `route.rs` (which serves this path with
         // its own framing); kept so the generated service is whole.
+        let session = self.session(&request)?;
         let incoming = Box::pin(request.into_inner());
-        let mut response = Response::new(reader::serve(&self.state, incoming));
+        let mut response = Response::new(reader::serve(&self.state, incoming, session));
         response
             .metadata_mut()
             .insert(REVISION_HEADER, PROTOCOL_REVISION.into());
@@ -144,10 +166,12 @@ impl pb::worker_server::Worker for WorkerService {
         request: Request<Streaming<pb::Chunk>>,
     ) -> Result<Response<Self::CallChunkedStream>, Status> {
         let state = &self.state;
+        let session = self.session(&request)?;
+        let session = &session;
         let answer = chunks::serve(
             request.into_inner(),
             |status| state.stats.reject(status),
-            |method, encoded| self.chunked(method, encoded),
+            |method, encoded| self.chunked(session, method, encoded),
         )
         .await?;
         Ok(Response::new(answer))
@@ -158,8 +182,9 @@ impl pb::worker_server::Worker for WorkerService {
         request: Request<pb::CreateResourceRequest>,
     ) -> Result<Response<pb::CreateResourceResponse>, Status> {
         let state = &self.state;
+        let session = self.session(&request)?;
         let job = state.create_resource_job(request.into_inner())?;
-        let JobReply::CreateResource(response) = state.submit(job).await? else {
+        let JobReply::CreateResource(response) = state.submit_as(&session, job).await? else {
             return Err(mismatched());
         };
         state.check_size(&response, "the resource's creation error")?;
@@ -170,12 +195,22 @@ impl pb::worker_server::Worker for WorkerService {
         &self,
         request: Request<pb::ReleaseResourceRequest>,
     ) -> Result<Response<pb::ReleaseResourceResponse>, Status> {
+        let session = self.session(&request)?;
         let job = JobRequest::ReleaseResource {
             resource_ids: request.into_inner().resource_ids,
         };
-        let JobReply::ReleaseResource(response) = self.state.submit(job).await? else {
+        let JobReply::ReleaseResource(response) = self.state.submit_as(&session, job).await? else {
             return Err(mismatched());
         };
         Ok(Response::new(response))
+    }
+
+    async fn end_session(
+        &self,
+        request: Request<pb::EndSessionRequest>,
+    ) -> Result<Response<pb::EndSessionResponse>, Status> {
+        let session = self.session(&request)?;
+        let known = self.state.sessions.end(&session);
+        Ok(Response::new(pb::EndSessionResponse { known }))
     }
 }

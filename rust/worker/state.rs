@@ -18,8 +18,10 @@ use super::preemption::Preemption;
 use super::stats::{value_bytes, Stats};
 use super::store::{FunctionStore, StoredFunction};
 use super::validate;
-use crate::rpc::server::connections::ConnectionStats;
+use crate::rpc::server::connections::{connection_info, ConnectionInfo, ConnectionStats};
+use crate::rpc::server::sessions::{SessionRegistry, SessionSnapshot};
 use crate::rpc::wire::limits::too_large;
+use crate::rpc::wire::session::SessionId;
 use crate::rpc::{hex, pb, HASH_LEN, PROTOCOL_REVISION};
 
 /// State shared by the service, the stream readers, the server handle and the executor.
@@ -59,6 +61,8 @@ pub struct WorkerState {
     /// The streams being read, which a drain waits on until their answers are
     /// acknowledged.
     pub farewells: Farewells,
+    /// The sessions holding values here, and when each is released.
+    pub sessions: Arc<SessionRegistry>,
 }
 
 impl WorkerState {
@@ -104,7 +108,47 @@ impl WorkerState {
             closure_bytes_sent: load(&self.stats.bytes_sent),
             slice: self.slice,
             preemption: notice,
+            sessions: self.sessions.snapshot().iter().map(session_held).collect(),
+            state_ttl_seconds: self.sessions.ttl().as_secs_f64(),
         }
+    }
+
+    /// The session a call belongs to (its metadata), recorded as active on its connection
+    /// (so the session's ttl starts only once every connection that carried it closed);
+    /// a malformed id is refused and counted.
+    pub fn session_of(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        extensions: &tonic::Extensions,
+    ) -> Result<SessionId, Status> {
+        let session = SessionId::from_metadata(metadata).map_err(|s| self.stats.reject(s))?;
+        let info = connection_info(extensions);
+        if self.sessions.touch(&session, info.map(ConnectionInfo::id)) {
+            if let Some(info) = info {
+                let registry = Arc::downgrade(&self.sessions);
+                let connection = info.id();
+                info.on_close(move || {
+                    if let Some(registry) = registry.upgrade() {
+                        registry.connection_closed(connection);
+                    }
+                });
+            }
+        }
+        Ok(session)
+    }
+
+    /// Queues `request` of `session` for the executor and waits for its answer.
+    pub async fn submit_as(
+        &self,
+        session: &SessionId,
+        request: JobRequest,
+    ) -> Result<JobReply, Status> {
+        let receiver = self.queue.push_as(session, request)?;
+        receiver.await.unwrap_or_else(|_| {
+            Err(Status::internal(
+                "the worker's executor stopped before answering this request",
+            ))
+        })
     }
 
     /// Checks and stores a function payload; `already_registered` when its hash was held.
@@ -172,6 +216,7 @@ impl WorkerState {
         let function = self.checked_function(&request.function_hash, request.args.as_ref())?;
         self.count_received(request.args.as_ref());
         Ok(JobRequest::CreateResource {
+            name: request.name,
             resource_id: request.resource_id,
             function,
             args: request.args,
@@ -192,14 +237,9 @@ impl WorkerState {
         })
     }
 
-    /// Queues `request` for the executor and waits for its answer.
+    /// Queues `request` of the anonymous session and waits for its answer.
     pub async fn submit(&self, request: JobRequest) -> Result<JobReply, Status> {
-        let receiver = self.queue.push(request)?;
-        receiver.await.unwrap_or_else(|_| {
-            Err(Status::internal(
-                "the worker's executor stopped before answering this request",
-            ))
-        })
+        self.submit_as(&SessionId::anonymous(), request).await
     }
 
     /// Refuses a response above the size limit before tonic tries to encode it.
@@ -211,5 +251,17 @@ impl WorkerState {
                 .reject(too_large("worker", what, size, self.max_message_bytes)));
         }
         Ok(())
+    }
+}
+
+/// A session as `GetStatus` reports it.
+pub fn session_held(session: &SessionSnapshot) -> pb::SessionHeld {
+    pb::SessionHeld {
+        id: session.id.as_str().to_owned(),
+        resources: session.held.values,
+        bytes: session.held.bytes,
+        connections: session.connections,
+        idle_seconds: session.idle.as_secs_f64(),
+        named: session.held.named,
     }
 }

@@ -48,7 +48,11 @@ fn spawn_echo_executor(server: Arc<WorkerServer>, gate: Arc<AtomicBool>) -> Join
                             JobReply::CreateResource(pb::CreateResourceResponse {
                                 resource_id,
                                 error: None,
+                                reattached: false,
                             })
+                        }
+                        JobRequest::ReleaseSession => {
+                            JobReply::ReleaseResource(pb::ReleaseResourceResponse { released: 0 })
                         }
                         JobRequest::ReleaseResource { resource_ids } => {
                             JobReply::ReleaseResource(pb::ReleaseResourceResponse {

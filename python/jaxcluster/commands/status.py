@@ -3,17 +3,18 @@
 Asks each task for its ``GetStatus`` (all at once, each bounded by ``--timeout``) with the
 cluster's token, and prints one row per task: state (``serving``, ``draining``, or why it
 could not be asked: ``unreachable``, ``unauthenticated``, ...; ``preempting (gce, 25 s
-left)`` after a preemption notice), closures run and failed,
-uptime, version, and the last error (the task's last closure error, or the error reaching
-it). Exits 1 when a task is not serving, so scripts can use it as a health check.
+left)`` after a preemption notice), closures run and failed, uptime, version, the sessions
+(coordinators) it holds values for with their bytes, and the last error (the task's last
+closure error, or the error reaching it). Exits 1 when a task is not serving, so scripts can
+use it as a health check.
 
 Example::
 
     $ jaxcluster status 10.0.0.5:8470 10.0.0.6:8470 --auth-token-file token
     $ jaxcluster status --resolver kubernetes --watch
-    TASK      ADDRESS           STATE    RUN  FAILED  UPTIME   VERSION  LAST ERROR
-    worker/0  10.0.0.5:8470     serving  812       3  1:02:11  0.1.0    ValueError: bad row
-    ps/0      10.0.0.9:8470     serving    -       -  1:02:15  0.1.0    -
+    TASK      ADDRESS        STATE    RUN  FAILED  UPTIME   VERSION  SESSIONS     LAST ERROR
+    worker/0  10.0.0.5:8470  serving  812       3  1:02:11  0.1.0    1 (4.0MiB)   ValueError: x
+    ps/0      10.0.0.9:8470  serving    -       -  1:02:15  0.1.0    -            -
 """
 
 from __future__ import annotations
@@ -36,7 +37,17 @@ if TYPE_CHECKING:
 
 __all__ = ["Row", "add_arguments", "query", "render", "run"]
 
-_COLUMNS = ("TASK", "ADDRESS", "STATE", "RUN", "FAILED", "UPTIME", "VERSION", "LAST ERROR")
+_COLUMNS = (
+    "TASK",
+    "ADDRESS",
+    "STATE",
+    "RUN",
+    "FAILED",
+    "UPTIME",
+    "VERSION",
+    "SESSIONS",
+    "LAST ERROR",
+)
 _ERROR_WIDTH = 100
 
 
@@ -52,6 +63,9 @@ class Row:
     uptime_seconds: float | None = None
     version: str | None = None
     last_error: str | None = None
+    #: Sessions (coordinators) the task holds values for, and the bytes of their arrays.
+    sessions: int | None = None
+    session_bytes: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -110,7 +124,13 @@ def _worker_row(task: str, address: str, s: WorkerReport) -> Row:
         uptime_seconds=s.uptime_seconds,
         version=s.jaxcluster_version,
         last_error=s.last_error or None,
+        sessions=len(s.sessions),
+        session_bytes=sum(held.bytes for held in s.sessions),
         details={
+            "sessions": [held.to_dict() for held in s.sessions],
+            "state_ttl_seconds": s.state_ttl_seconds,
+        }
+        | {
             k: getattr(s, k)
             for k in (
                 "worker_index",
@@ -243,6 +263,19 @@ def _state(row: Row) -> str:
     return f"{row.state} ({source}, {max(0.0, deadline - time.time()):.0f} s left)"
 
 
+def _sessions(row: Row) -> str:
+    """``2 (4.0MiB)``: how many sessions a task holds values for, and their bytes."""
+    if row.sessions is None:
+        return "-"
+    size = float(row.session_bytes or 0)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            break
+        size /= 1024
+    shown = f"{int(size)}B" if unit == "B" else f"{size:.1f}{unit}"
+    return f"{row.sessions} ({shown})"
+
+
 def render(rows: Sequence[Row]) -> str:
     """The table, columns padded to their widest cell. Plain ``str`` padding: a table of a
     few fixed columns needs no rendering library."""
@@ -255,6 +288,7 @@ def render(rows: Sequence[Row]) -> str:
             _shown(row.closures_failed),
             _uptime(row.uptime_seconds),
             _shown(row.version),
+            _sessions(row),
             _shown(row.last_error)[:_ERROR_WIDTH],
         ]
         for row in rows

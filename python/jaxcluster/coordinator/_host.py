@@ -40,8 +40,9 @@ class PerWorkerHost(Protocol):
         """Raises ``RuntimeError`` once the coordinator was shut down."""
         ...
 
-    def create_resource(self, fn: Callable[[], Any], rebuild: bool = True) -> Any:
-        """A per-worker resource: ``fn()`` runs on every worker and its result stays there."""
+    def create_resource(self, fn: Callable[[], Any], rebuild: bool = True, name: str = "") -> Any:
+        """A per-worker resource: ``fn()`` runs on every worker and its result stays there
+        (with ``name``, a live value of that name is adopted instead)."""
         ...
 
     def schedule_on(self, worker: int, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
@@ -93,11 +94,11 @@ class CoordinatorHost:
                 )
                 self._registered.add(function.function_hash)
 
-    def create_resource(self, fn: Callable[[], Any], rebuild: bool = True) -> Any:
+    def create_resource(self, fn: Callable[[], Any], rebuild: bool = True, name: str = "") -> Any:
         self.check_open()
         function = self._functions.serialize(fn, (), {})
         self.register(function, fn)
-        return self._dispatcher.create_resource(function.function_hash, rebuild=rebuild)
+        return self._dispatcher.create_resource(function.function_hash, rebuild=rebuild, name=name)
 
     def resource_for(self, values: PerWorkerValues) -> Any:
         """The dispatcher resource of ``values`` (created on first use)."""

@@ -38,6 +38,7 @@ from jaxcluster.coordinator.functions import FunctionSerializer
 from jaxcluster.coordinator.per_worker import PerWorkerDataset
 from jaxcluster.coordinator.placement import WorkerFacts
 from jaxcluster.coordinator.remote_value import RemoteValue
+from jaxcluster.coordinator.sessions import end_session, new_session_id
 from jaxcluster.coordinator.slices import (
     group_slices,
     slices_argument,
@@ -177,6 +178,7 @@ class ClusterCoordinator:
         # A logging configuration made just before this applies to the Rust events at once.
         core.refresh_log_levels()
         versions = _own_versions()
+        self._session_id = new_session_id(self._strategy)
         self._dispatcher = core.Dispatcher(
             addresses,
             auth_token=token,
@@ -194,6 +196,8 @@ class ClusterCoordinator:
             python_version=versions.python,
             jax_version=versions.jax,
             jaxcluster_version=versions.jaxcluster,
+            # Every call carries it: what this coordinator creates on a worker is its own.
+            session_id=self._session_id,
         )
         self._membership = Membership(self._dispatcher, addresses, token, ca, slices=first)
         self._worker_facts = WorkerFacts(self._dispatcher)
@@ -337,7 +341,11 @@ class ClusterCoordinator:
         )
 
     def create_per_worker_state(
-        self, init_fn: Callable[[], Any], *, on_worker_restart: str = "rebuild"
+        self,
+        init_fn: Callable[[], Any],
+        *,
+        on_worker_restart: str = "rebuild",
+        name: str | None = None,
     ) -> PerWorkerState:
         """State kept on every worker's devices between closures: ``init_fn()`` runs on
         each worker and its pytree of arrays stays there.
@@ -348,9 +356,15 @@ class ClusterCoordinator:
         value here. A worker that fails or restarts runs ``init_fn`` again
         (``on_worker_restart="rebuild"``) or reports its state lost (``"lose"``: its element
         is ``ABORTED`` and closures using the state there fail with ``ClosureInputError``).
+
+        With ``name``, the state survives this coordinator: a worker keeps it for its
+        ``--state-ttl`` after this coordinator vanished (killed, not shut down), and a new
+        coordinator (same token) asking for the same name re-attaches to the live value
+        instead of running ``init_fn`` (``state.reattached``). A name still held by a live
+        coordinator is taken over too; that coordinator's closures using it then fail.
         """
         self._check_open()
-        return PerWorkerState._create(self._host, init_fn, on_worker_restart)
+        return PerWorkerState._create(self._host, init_fn, on_worker_restart, name or "")
 
     def create_per_worker_dataset(self, dataset_fn: Callable[[], Any]) -> PerWorkerDataset:
         """A dataset built on every worker by ``dataset_fn()`` (any iterable).
@@ -374,6 +388,12 @@ class ClusterCoordinator:
         ``latency`` histogram (schedule to result, seconds). All live: read when called,
         no RPC."""
         return self._dispatcher.metrics().to_dict()
+
+    @property
+    def session_id(self) -> str:
+        """This coordinator's session (32 hex digits, or its strategy's ``session_id``):
+        workers keep what it creates under it, apart from every other coordinator's."""
+        return self._session_id
 
     @property
     def strategy(self) -> Any:
@@ -427,10 +447,24 @@ class ClusterCoordinator:
     def shutdown(self) -> None:
         """Stops dispatching; queued closures are cancelled; the metrics endpoint, if
         any, closes. Idempotent."""
+        if self._closed:
+            return
         self._closed = True
         if self._refresher is not None:
             self._refresher.stop()
+        # Workers that are down release the session after their --state-ttl instead.
+        up = [
+            w.address for w in self._dispatcher.worker_statuses() if w.state == core.WorkerState.UP
+        ]
         self._dispatcher.shutdown()
+        # What this session holds on the workers is released now, not after --state-ttl
+        # (bounded; errors logged). A strategy's ps variables are the ps's to release.
+        end_session(
+            up,
+            self._session_id,
+            auth_token=self._auth_token,
+            tls_ca=self._tls_ca,
+        )
         server, self._metrics_server = self._metrics_server, None
         if server is not None:
             server.close()

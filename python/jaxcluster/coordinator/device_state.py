@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["DeviceState", "PerWorkerElement", "PerWorkerState"]
 
 ON_WORKER_RESTART = ("rebuild", "lose")
+
+_log = logging.getLogger("jaxcluster.coordinator")
 
 #: How a worker's resource state reads as TF's RemoteValueStatus.
 _STATUS = {
@@ -117,6 +120,10 @@ class _StateInit:
         return DeviceState(_on_device(jax, self._init_fn()))
 
 
+def _built(state: DeviceState) -> None:
+    """Runs on a worker once its state is there (built or re-attached)."""
+
+
 def _read_state(state: DeviceState) -> Any:
     """Runs on a worker: the state's value, sent back as numpy arrays."""
     return state.value
@@ -150,9 +157,12 @@ class PerWorkerState(PerWorkerValues):
 
     _host: PerWorkerHost
 
+    _name: str = ""
+    _reattached: bool | None = None
+
     @classmethod
     def _create(
-        cls, host: PerWorkerHost, init_fn: Callable[[], Any], on_worker_restart: str
+        cls, host: PerWorkerHost, init_fn: Callable[[], Any], on_worker_restart: str, name: str = ""
     ) -> PerWorkerState:
         if not callable(init_fn):
             raise TypeError(
@@ -164,11 +174,43 @@ class PerWorkerState(PerWorkerValues):
                 f"on_worker_restart={on_worker_restart!r}; expected 'rebuild' (run init_fn "
                 "again on a restarted worker) or 'lose' (report that worker's state lost)"
             )
-        resource = host.create_resource(_StateInit(init_fn), rebuild=on_worker_restart == "rebuild")
-        name = getattr(init_fn, "__qualname__", type(init_fn).__qualname__)
-        self = cls._from_resource(resource, host, f"device state from {name}()")
+        if not isinstance(name, str):
+            raise TypeError(f"name={name!r}; expected a str (or None for unnamed state)")
+        resource = host.create_resource(
+            _StateInit(init_fn), rebuild=on_worker_restart == "rebuild", name=name
+        )
+        fn_name = getattr(init_fn, "__qualname__", type(init_fn).__qualname__)
+        self = cls._from_resource(resource, host, f"device state from {fn_name}()")
         self._host = host
+        self._name = name
         return self
+
+    @property
+    def reattached(self) -> bool:
+        """Whether every worker's value was a live named value re-attached (``name=``
+        given and an earlier coordinator's state found), so ``init_fn`` ran nowhere.
+
+        Waits until every worker has built or re-attached its value, then logs (INFO)
+        which workers re-attached and which built. ``False`` for unnamed state.
+        """
+        if self._reattached is None:
+            host = self._host
+            workers = [i for i in range(host.num_workers) if not host.is_removed(i)]
+            for worker in workers:
+                # Queued behind the value's build on that worker: done once it is there.
+                host.schedule_on(worker, _built, (self,)).fetch()
+            resource = self._resource_for(host)
+            found = [i for i in workers if resource.reattached(i)]
+            built = [i for i in workers if i not in found]
+            if self._name:
+                _log.info(
+                    "named state %r: re-attached on workers %s, built by init_fn on workers %s",
+                    self._name,
+                    found,
+                    built,
+                )
+            self._reattached = bool(self._name) and bool(workers) and not built
+        return self._reattached
 
     @property
     def values(self) -> tuple[PerWorkerElement, ...]:

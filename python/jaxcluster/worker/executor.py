@@ -16,6 +16,7 @@ than the run-to-run noise.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = ["Executor"]
 
 
 _INTERNAL = frozenset({__file__})
+_log = logging.getLogger("jaxcluster.worker")
 
 
 class _Answered(Exception):
@@ -92,7 +94,14 @@ class Executor:
                 self._create(job)
             elif job.kind == "release_resource":
                 pending = self._forward(job)
-                released = self._resources.release(job.resource_ids)
+                released = self._resources.release(job.session, job.resource_ids)
+                self._report(job.session)
+                self._settle(pending)
+                job.reply_ok(released=released)
+            elif job.kind == "release_session":
+                pending = self._forward(job)
+                released = self._resources.release_session(job.session)
+                self._report(job.session)
                 self._settle(pending)
                 job.reply_ok(released=released)
             else:
@@ -127,7 +136,13 @@ class Executor:
         if pickled is None:
             return fn, (), {}
         try:
-            decoded = wire.decode(pickled, job.buffers, resolve_resource=self._resources.resolve)
+            session = job.session
+            resources = self._resources
+            decoded = wire.decode(
+                pickled,
+                job.buffers,
+                resolve_resource=lambda rid: resources.resolve(session, rid),
+            )
         except ResourceInputError as exc:
             raise self._fail(
                 job, core.ErrorKind.INPUT, exc.original, resource_id=exc.resource_id
@@ -212,7 +227,21 @@ class Executor:
             return
         job.reply_ok(encoded.pickle, encoded.buffers)
 
+    def _report(self, session: str) -> None:
+        """Tells the server what ``session`` holds now (``GetStatus`` shows it)."""
+        if session:
+            held = self._resources.held(session)
+            self._server.set_session_held(
+                session, values=held.values, bytes=held.bytes, named=held.named
+            )
+
     def _create(self, job: Any) -> None:
+        name = job.name
+        if name:
+            came_from = self._resources.adopt(job.session, job.resource_id, name)
+            if came_from is not None:
+                self._adopted(job, name, came_from)
+                return
         pending = self._forward(job)
         try:
             value = self._call(job)
@@ -223,11 +252,29 @@ class Executor:
             if self._sliced:
                 self._check_slice()
             self._settle(pending, failed=True)
-            self._resources.fail(job.resource_id, exc)
+            self._resources.fail(job.session, job.resource_id, exc)
             raise self._fail(job, core.ErrorKind.USER, exc) from None
-        self._resources.put(job.resource_id, value)
+        self._resources.put(job.session, job.resource_id, value, name)
+        self._report(job.session)
         peer_error = self._settle(pending)
         if peer_error is not None:
             job.reply_error(**peer_error.reply_kwargs())
             return
         job.reply_ok()
+
+    def _adopted(self, job: Any, name: str, came_from: str) -> None:
+        """Answers a named ``create_resource`` whose value was found alive: no function
+        runs; a slice's peers adopt theirs too (they hold the same name)."""
+        pending = self._forward(job)
+        self._settle(pending)
+        if came_from and came_from != job.session:
+            self._report(came_from)
+        self._report(job.session)
+        _log.info(
+            "worker %d: named state %r re-attached to session %s (held by session %s)",
+            self._index,
+            name,
+            job.session,
+            came_from or "<anonymous>",
+        )
+        job.reply_ok(reattached=True)

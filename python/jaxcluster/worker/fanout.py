@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -63,12 +64,55 @@ class PeerError:
         }
 
 
+@dataclass(frozen=True)
+class _Call:
+    """What rank 0 forwards of one job."""
+
+    session: str
+    function: tuple[Any, Any, Any]
+    args: bytes | None
+    buffers: list[bytes]
+    closure_id: int
+    resource_id: int | None
+    name: str
+    #: The coordinator's index for the slice (it changes as slices leave and join): every
+    #: host's get_current_worker_index() says the same.
+    index: int | None
+
+
 class _Peer:
-    def __init__(self, host: SliceHost, client: Any) -> None:
+    """One peer host, with a client per session: a forwarded job runs in the session of
+    the call that brought it (its values are that session's on the peer too)."""
+
+    def __init__(self, host: SliceHost, connect: Callable[[str], Any]) -> None:
         self.host = host
-        self.client = client
+        self._connect = connect
+        self._clients: dict[str, Any] = {}
         self.registered: set[bytes] = set()
         self.lock = threading.Lock()
+        # Its own lock: registering (under ``lock``) asks for a client.
+        self._clients_lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        """The anonymous session's client (functions are shared by every session)."""
+        return self.client_for("")
+
+    def client_for(self, session: str) -> Any:
+        with self._clients_lock:
+            client = self._clients.get(session)
+            if client is None:
+                client = self._clients[session] = self._connect(session)
+            return client
+
+    def end(self, session: str) -> None:
+        """Ends ``session`` on the peer and forgets its client."""
+        client = self.client_for(session)
+        try:
+            client.end_session()
+        finally:
+            with self._clients_lock:
+                self._clients.pop(session, None)
 
 
 class Fanout:
@@ -86,10 +130,12 @@ class Fanout:
     ) -> None:
         from jaxcluster._native import core
 
-        self._peers = [
-            _Peer(h, core.WorkerClient(h.address, auth_token, heartbeat_timeout, tls_ca=tls_ca))
-            for h in peers
-        ]
+        def connector(address: str) -> Callable[[str], Any]:
+            return lambda session: core.WorkerClient(
+                address, auth_token, heartbeat_timeout, tls_ca=tls_ca, session=session or None
+            )
+
+        self._peers = [_Peer(h, connector(h.address)) for h in peers]
         self._index = slice_index
         self._timeout = heartbeat_timeout
         self._on_broken = on_broken or broken
@@ -100,28 +146,27 @@ class Fanout:
     def send(self, job: Any) -> list[Future[Any]]:
         """Starts ``job`` (a ``WorkerJob``) on every peer; returns what :meth:`wait` takes."""
         kind = job.kind
+        session = job.session
         if kind == "release_resource":
             ids = list(job.resource_ids)
             return [
-                self._pool.submit(self._guard, p, partial(self._release, p, ids))
+                self._pool.submit(self._guard, p, partial(self._release, p, session, ids))
                 for p in self._peers
             ]
+        if kind == "release_session":
+            return [self._pool.submit(self._guard, p, partial(p.end, session)) for p in self._peers]
         # The job's bytes are read here, on the executor's thread, once for all peers.
         function = (job.function_hash, job.function_kind, job.function_payload)
         args = None if job.args is None else bytes(job.args)
         buffers = [bytes(b) for b in job.buffers]
         resource_id = job.resource_id if kind == "create_resource" else None
+        name = job.name if kind == "create_resource" else ""
         closure_id = job.closure_id or 0
-        # The coordinator's index for the slice (it changes as slices leave and join):
-        # every host's get_current_worker_index() says the same.
-        index = job.worker_index
+        call = _Call(
+            session, function, args, buffers, closure_id, resource_id, name, job.worker_index
+        )
         return [
-            self._pool.submit(
-                self._guard,
-                p,
-                partial(self._call, p, function, args, buffers, closure_id, resource_id, index),
-            )
-            for p in self._peers
+            self._pool.submit(self._guard, p, partial(self._call, p, call)) for p in self._peers
         ]
 
     def wait(
@@ -167,26 +212,25 @@ class Fanout:
             peer.client.register_function(function_hash, kind, payload)
             peer.registered.add(function_hash)
 
-    def _call(
-        self,
-        peer: _Peer,
-        function: tuple[Any, Any, Any],
-        args: bytes | None,
-        buffers: list[bytes],
-        closure_id: int,
-        resource_id: int | None,
-        index: int | None = None,
-    ) -> PeerError | None:
+    def _call(self, peer: _Peer, call: _Call) -> PeerError | None:
+        function = call.function
+        client = peer.client_for(call.session)
         for attempt in range(2):
             self._register(peer, function, force=attempt > 0)
             try:
-                if resource_id is None:
-                    answer = peer.client.run_closure(
-                        function[0], args, buffers, closure_id=closure_id, worker_index=index
+                if call.resource_id is None:
+                    answer = client.run_closure(
+                        function[0], call.args, call.buffers, closure_id=call.closure_id,
+                        worker_index=call.index,
                     )
                 else:
-                    answer = peer.client.create_resource(
-                        resource_id, function[0], args, buffers, worker_index=index
+                    answer = client.create_resource(
+                        call.resource_id,
+                        function[0],
+                        call.args,
+                        call.buffers,
+                        name=call.name,
+                        worker_index=call.index,
                     )
             except errors.NotFoundError:
                 if attempt:  # registered again just now and still unknown
@@ -196,5 +240,5 @@ class Fanout:
             return None if error is None else PeerError(peer.host, error)
         return None  # pragma: no cover - the loop returns or raises
 
-    def _release(self, peer: _Peer, ids: list[int]) -> None:
-        peer.client.release_resource(ids)
+    def _release(self, peer: _Peer, session: str, ids: list[int]) -> None:
+        peer.client_for(session).release_resource(ids)

@@ -154,6 +154,7 @@ def _serve(
             max_message_bytes=args.max_message_bytes,
             max_function_bytes=args.max_function_bytes,
             previous_exit=describe_exit(os.environ.get(PREVIOUS_EXIT_ENV)),
+            state_ttl=args.state_ttl,
             **slice_status(config),
             **limit_settings(args),
             **info,

@@ -92,6 +92,18 @@ impl Dispatcher {
         function_hash: &[u8],
         rebuild: bool,
     ) -> Result<PerWorkerResource, DispatchError> {
+        self.create_named_resource(function_hash, rebuild, "")
+    }
+
+    /// As [`Self::create_resource`], for named state: each worker that holds a live value
+    /// of `name` (left by an earlier session, e.g. a coordinator that was killed) adopts it
+    /// instead of running the function ([`PerWorkerResource::is_reattached`] says where).
+    pub fn create_named_resource(
+        &self,
+        function_hash: &[u8],
+        rebuild: bool,
+        name: &str,
+    ) -> Result<PerWorkerResource, DispatchError> {
         let function = self
             .shared
             .functions
@@ -101,13 +113,15 @@ impl Dispatcher {
         }
         let _membership = self.lock_membership();
         let workers = self.num_workers();
-        let inner = Arc::new(ResourceInner::new(
+        let mut inner = ResourceInner::new(
             NEXT_RESOURCE_ID.fetch_add(1, Ordering::Relaxed),
             function,
             rebuild,
             workers,
             Arc::downgrade(&self.shared),
-        ));
+        );
+        name.clone_into(&mut inner.name);
+        let inner = Arc::new(inner);
         self.shared.resources.insert(&inner);
         for (worker, link) in self.shared.link_statuses().iter().enumerate() {
             if link.state().is_out_of_service() || link.is_retiring() {

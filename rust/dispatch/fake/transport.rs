@@ -224,6 +224,7 @@ impl WorkerTransport for FakeTransport {
             Ok(pb::CreateResourceResponse {
                 resource_id: id,
                 error,
+                reattached: false,
             })
         })
         .await

@@ -139,6 +139,7 @@ impl<T: WorkerTransport> Link<T> {
                 function_hash: resource.function.hash_bytes(),
                 args: None,
                 worker_index: i64::try_from(self.index).ok(),
+                name: resource.name.clone(),
             };
             // Building runs user code (e.g. a dataset_fn) for as long as it takes, like a
             // closure without a timeout; a vanished worker is noticed by keepalive.
@@ -147,7 +148,12 @@ impl<T: WorkerTransport> Link<T> {
                 return Err(Interruption::Stopped);
             };
             let state = match answer {
-                Ok(pb::CreateResourceResponse { error: None, .. }) => {
+                Ok(pb::CreateResourceResponse {
+                    error: None,
+                    reattached,
+                    ..
+                }) => {
+                    resource.set_reattached(self.index, reattached);
                     if !resource.mark_ready(self.index) {
                         // Released while it was being built: drop it at once.
                         self.release_now(resource).await;

@@ -120,7 +120,11 @@ fn execute_jobs(server: &WorkerServer, ran: &Mutex<Vec<u64>>) {
                 JobReply::CreateResource(pb::CreateResourceResponse {
                     resource_id,
                     error: None,
+                    reattached: false,
                 })
+            }
+            JobRequest::ReleaseSession => {
+                JobReply::ReleaseResource(pb::ReleaseResourceResponse { released: 0 })
             }
             JobRequest::ReleaseResource { resource_ids } => {
                 JobReply::ReleaseResource(pb::ReleaseResourceResponse {

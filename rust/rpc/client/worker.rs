@@ -256,6 +256,22 @@ impl WorkerClient {
             .await?;
         Ok(response.released)
     }
+
+    /// Ends this client's session on the worker: what it created there is released at
+    /// once. `true` when the worker knew the session.
+    pub async fn end_session(&self, timeout: Option<Duration>) -> Result<bool, RpcError> {
+        let mut c = self.inner.clone();
+        let response = self
+            .callee
+            .call(
+                "EndSession",
+                timeout,
+                pb::EndSessionRequest {},
+                |r| async move { c.end_session(r).await },
+            )
+            .await?;
+        Ok(response.known)
+    }
 }
 
 /// Starts a `CallChunked` call on `client`, for [`Callee::call_sized`].

@@ -77,7 +77,7 @@ pub async fn bind(
 const MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
 /// HTTP/2 pings on idle connections, so the connection of a client that vanished without
 /// closing it (a partitioned or powered-off host) is closed and its memory released.
-const KEEPALIVE: (Duration, Duration) = (Duration::from_secs(60), Duration::from_secs(20));
+const KEEPALIVE: (Duration, Duration) = (Duration::from_secs(30), Duration::from_secs(20));
 
 /// A server builder with TLS when given, the shared flow-control windows, HTTP/2 frames of
 /// up to `max_frame_bytes` (`None`: the default), at most `limits.max_streams_per_connection`

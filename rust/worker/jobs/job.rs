@@ -12,6 +12,7 @@ use tonic::Status;
 
 use super::JobQueue;
 use crate::rpc::pb;
+use crate::rpc::wire::session::SessionId;
 use crate::worker::stats::{value_bytes, Stats};
 use crate::worker::store::StoredFunction;
 use crate::worker::stream::ClosureStream;
@@ -43,18 +44,23 @@ pub enum JobRequest {
         args: Option<pb::Value>,
         /// The coordinator's index for this worker, when it sent one.
         worker_index: Option<i64>,
+        /// Named state: adopt a live value of this name instead of running `function`
+        /// (empty: an ordinary resource).
+        name: String,
     },
     /// Drop these resources.
     ReleaseResource {
         /// Ids to drop; unknown ones are ignored.
         resource_ids: Vec<u64>,
     },
+    /// Drop every value of the job's session (it ended, or vanished `--state-ttl` ago).
+    ReleaseSession,
 }
 
 impl JobRequest {
     /// Whether this job runs user code (and so is refused while draining).
     pub(super) fn runs_code(&self) -> bool {
-        !matches!(self, Self::ReleaseResource { .. })
+        !matches!(self, Self::ReleaseResource { .. } | Self::ReleaseSession)
     }
 
     /// The closure id of a `Run` job.
@@ -94,6 +100,8 @@ pub(super) enum ReplyTo {
 /// a job dropped unanswered replies `INTERNAL`, so its caller never hangs.
 pub struct Job {
     pub(super) request: JobRequest,
+    /// The session the request came from: what it creates or uses is that session's.
+    pub(super) session: SessionId,
     pub(super) reply: Option<ReplyTo>,
     /// Set once popped: answering or dropping the job ends its inflight period.
     pub(super) queue: Option<Arc<JobQueue>>,
@@ -105,6 +113,11 @@ impl Job {
     /// What the job asks for.
     pub fn request(&self) -> &JobRequest {
         &self.request
+    }
+
+    /// The session the job belongs to.
+    pub fn session(&self) -> &SessionId {
+        &self.session
     }
 
     /// Answers the job; counts finished closures and created/released resources.
