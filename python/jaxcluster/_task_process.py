@@ -139,14 +139,6 @@ def add_task_arguments(
         "closed (default 5)",
     )
     parser.add_argument(
-        "--state-ttl",
-        type=float,
-        default=3600.0,
-        metavar="SECONDS",
-        help="seconds a vanished session's state is kept after its last connection closed "
-        "without ending it (default 3600); 0 releases at once",
-    )
-    parser.add_argument(
         "--log-level",
         type=str.upper,
         choices=_LOG_LEVELS,
