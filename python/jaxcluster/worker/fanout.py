@@ -220,7 +220,10 @@ class Fanout:
             try:
                 if call.resource_id is None:
                     answer = client.run_closure(
-                        function[0], call.args, call.buffers, closure_id=call.closure_id,
+                        function[0],
+                        call.args,
+                        call.buffers,
+                        closure_id=call.closure_id,
                         worker_index=call.index,
                     )
                 else:
