@@ -345,6 +345,7 @@ class ClusterCoordinator:
         init_fn: Callable[[], Any],
         *,
         on_worker_restart: str = "rebuild",
+        on_preemption: str = "rebuild",
         name: str | None = None,
     ) -> PerWorkerState:
         """State kept on every worker's devices between closures: ``init_fn()`` runs on
@@ -362,9 +363,23 @@ class ClusterCoordinator:
         coordinator (same token) asking for the same name re-attaches to the live value
         instead of running ``init_fn`` (``state.reattached``). A name still held by a live
         coordinator is taken over too; that coordinator's closures using it then fail.
+
+        ``on_preemption`` is ``"rebuild"`` (the default: a worker replaced after a
+        preemption notice runs ``init_fn`` as any restarted worker does) or ``"save"`` (its
+        value is to be fetched before the notice's deadline and its replacement started
+        from the copy). ``"save"`` is validated but not carried out yet: the state is
+        rebuilt by ``init_fn`` and a WARNING says so. Anything else is a ``ValueError``.
+
+        Example::
+
+            state = coordinator.create_per_worker_state(
+                lambda: {"step": np.zeros(())}, on_preemption="rebuild"
+            )
         """
         self._check_open()
-        return PerWorkerState._create(self._host, init_fn, on_worker_restart, name or "")
+        return PerWorkerState._create(
+            self._host, init_fn, on_worker_restart, name or "", on_preemption
+        )
 
     def create_per_worker_dataset(self, dataset_fn: Callable[[], Any]) -> PerWorkerDataset:
         """A dataset built on every worker by ``dataset_fn()`` (any iterable).

@@ -14,6 +14,14 @@ When a worker fails or restarts, its state is either rebuilt by running ``init_f
 and closures that use the state there fail with ``ClosureInputError`` around an
 ``AbortedError``. Nothing runs on a silently re-initialised value.
 
+``on_preemption`` says what a preemption notice changes: ``"rebuild"`` (the default) treats
+the preempted worker's replacement as any restarted worker. ``"save"`` asks for that
+worker's value to be fetched before the notice's deadline and the replacement to start
+from the copy; it is accepted and validated, but not carried out yet: a preempting worker
+refuses every closure, the pinned fetch included, and a resource has no per-worker build
+arguments to ship the copy with. So the state is rebuilt by ``init_fn`` and a WARNING at
+creation says so (the fallback the contract names for a fetch that fails).
+
 Example::
 
     state = coordinator.create_per_worker_state(lambda: {"w": jnp.zeros((1024, 1024))})
@@ -45,6 +53,9 @@ if TYPE_CHECKING:
 __all__ = ["DeviceState", "PerWorkerElement", "PerWorkerState"]
 
 ON_WORKER_RESTART = ("rebuild", "lose")
+
+#: What happens to a worker's value when that worker announces its preemption.
+ON_PREEMPTION = ("rebuild", "save")
 
 _log = logging.getLogger("jaxcluster.coordinator")
 
@@ -158,11 +169,17 @@ class PerWorkerState(PerWorkerValues):
     _host: PerWorkerHost
 
     _name: str = ""
+    _on_preemption: str = "rebuild"
     _reattached: bool | None = None
 
     @classmethod
     def _create(
-        cls, host: PerWorkerHost, init_fn: Callable[[], Any], on_worker_restart: str, name: str = ""
+        cls,
+        host: PerWorkerHost,
+        init_fn: Callable[[], Any],
+        on_worker_restart: str,
+        name: str = "",
+        on_preemption: str = "rebuild",
     ) -> PerWorkerState:
         if not callable(init_fn):
             raise TypeError(
@@ -174,6 +191,12 @@ class PerWorkerState(PerWorkerValues):
                 f"on_worker_restart={on_worker_restart!r}; expected 'rebuild' (run init_fn "
                 "again on a restarted worker) or 'lose' (report that worker's state lost)"
             )
+        if on_preemption not in ON_PREEMPTION:
+            raise ValueError(
+                f"on_preemption={on_preemption!r}; expected 'rebuild' (a preempted worker's "
+                "replacement runs init_fn) or 'save' (it starts from a copy fetched before "
+                "the notice's deadline)"
+            )
         if not isinstance(name, str):
             raise TypeError(f"name={name!r}; expected a str (or None for unnamed state)")
         resource = host.create_resource(
@@ -183,7 +206,19 @@ class PerWorkerState(PerWorkerValues):
         self = cls._from_resource(resource, host, f"device state from {fn_name}()")
         self._host = host
         self._name = name
+        self._on_preemption = on_preemption
+        if on_preemption == "save":
+            _log.warning(
+                "%s: on_preemption='save' is not carried out yet (a preempting worker "
+                "refuses the fetch); a preempted worker's state is rebuilt by init_fn",
+                self._description,
+            )
         return self
+
+    @property
+    def on_preemption(self) -> str:
+        """``"rebuild"`` or ``"save"``, as given to ``create_per_worker_state``."""
+        return self._on_preemption
 
     @property
     def reattached(self) -> bool:
