@@ -1,11 +1,10 @@
 """``create_per_worker_state(..., on_preemption=...)``: the argument is validated, and a
 worker preempted (SIGTERM, a notice) and started again on its address gets its state from
-``init_fn`` under ``"rebuild"``. ``"save"`` is accepted but not carried out yet: it says so
-with a WARNING (see ``device_state.py``)."""
+``init_fn`` under ``"rebuild"``. ``"save"`` is not built yet: it raises
+``NotImplementedError`` rather than quietly rebuild (see ``device_state.py``)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -54,18 +53,13 @@ def inits(directory: Path, pid: int | None) -> int:
     return sum(1 for path in directory.iterdir() if path.name == f"init-{pid}")
 
 
-def test_on_preemption_is_validated_and_save_says_it_is_not_carried_out(
-    cluster: Any, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_on_preemption_is_validated_and_save_says_it_is_not_supported(cluster: Any) -> None:
     with cluster.coordinator() as coordinator:
         with pytest.raises(ValueError, match="on_preemption='keep'; expected 'rebuild'"):
             coordinator.create_per_worker_state(lambda: 0, on_preemption="keep")
         assert coordinator.create_per_worker_state(lambda: 0).on_preemption == "rebuild"
-        with caplog.at_level(logging.WARNING, logger="jaxcluster.coordinator"):
-            saved = coordinator.create_per_worker_state(lambda: 0, on_preemption="save")
-        assert saved.on_preemption == "save"
-        assert "on_preemption='save' is not carried out yet" in caplog.text
-        assert [int(value) for value in saved.fetch(timeout=60)] == [0, 0]
+        with pytest.raises(NotImplementedError, match="on_preemption='save' is not supported"):
+            coordinator.create_per_worker_state(lambda: 0, on_preemption="save")
 
 
 def test_a_preempted_worker_rebuilds_its_state_from_init_fn_by_default(

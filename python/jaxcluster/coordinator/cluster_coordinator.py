@@ -367,8 +367,8 @@ class ClusterCoordinator:
         ``on_preemption`` is ``"rebuild"`` (the default: a worker replaced after a
         preemption notice runs ``init_fn`` as any restarted worker does) or ``"save"`` (its
         value is to be fetched before the notice's deadline and its replacement started
-        from the copy). ``"save"`` is validated but not carried out yet: the state is
-        rebuilt by ``init_fn`` and a WARNING says so. Anything else is a ``ValueError``.
+        from the copy). ``"save"`` is not built yet and raises ``NotImplementedError``;
+        anything else is a ``ValueError``.
 
         Example::
 

@@ -17,10 +17,10 @@ and closures that use the state there fail with ``ClosureInputError`` around an
 ``on_preemption`` says what a preemption notice changes: ``"rebuild"`` (the default) treats
 the preempted worker's replacement as any restarted worker. ``"save"`` asks for that
 worker's value to be fetched before the notice's deadline and the replacement to start
-from the copy; it is accepted and validated, but not carried out yet: a preempting worker
-refuses every closure, the pinned fetch included, and a resource has no per-worker build
-arguments to ship the copy with. So the state is rebuilt by ``init_fn`` and a WARNING at
-creation says so (the fallback the contract names for a fetch that fails).
+from the copy. It is not built yet (a preempting worker refuses every closure, the pinned
+fetch included, and a resource has no per-worker build arguments to ship the copy with), so
+``"save"`` raises ``NotImplementedError`` rather than rebuild from ``init_fn`` under a name
+that promises otherwise: a user who asked for the copy must not lose progress quietly.
 
 Example::
 
@@ -191,6 +191,14 @@ class PerWorkerState(PerWorkerValues):
                 f"on_worker_restart={on_worker_restart!r}; expected 'rebuild' (run init_fn "
                 "again on a restarted worker) or 'lose' (report that worker's state lost)"
             )
+        if on_preemption == "save":
+            raise NotImplementedError(
+                "on_preemption='save' is not supported yet: a preempting worker refuses the "
+                "fetch that would save its state. Use on_preemption='rebuild' (the default) "
+                "and keep what must survive a preemption yourself: state.fetch() brings every "
+                "worker's value to the coordinator, and named state (name=...) survives a "
+                "coordinator restart"
+            )
         if on_preemption not in ON_PREEMPTION:
             raise ValueError(
                 f"on_preemption={on_preemption!r}; expected 'rebuild' (a preempted worker's "
@@ -207,12 +215,6 @@ class PerWorkerState(PerWorkerValues):
         self._host = host
         self._name = name
         self._on_preemption = on_preemption
-        if on_preemption == "save":
-            _log.warning(
-                "%s: on_preemption='save' is not carried out yet (a preempting worker "
-                "refuses the fetch); a preempted worker's state is rebuilt by init_fn",
-                self._description,
-            )
         return self
 
     @property
