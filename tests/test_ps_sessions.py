@@ -59,7 +59,7 @@ def _strategy(address: str, **kwargs: object) -> jaxcluster.ParameterServerStrat
     )
 
 
-def _sessions(address: str) -> dict[str, core.PsSessionStatus]:
+def _sessions(address: str) -> dict[str, core.SessionHeld]:
     status = core.PsClient(address, auth_token=TOKEN).get_status()
     return {s.id: s for s in status.sessions}
 
@@ -139,7 +139,7 @@ def test_two_programs_naming_w_each_read_their_own_and_a_clean_exit_releases() -
             # Before sessions both read the second program's value.
             np.testing.assert_array_equal(w.read_value(), np.full(4, 1.0, np.float32))
             held = _sessions(address)
-            assert (held[strategy.session_id].variables, held[theirs].variables) == (1, 1)
+            assert (held[strategy.session_id].resources, held[theirs].resources) == (1, 1)
             assert held[theirs].bytes == 16 and held[theirs].connections >= 1
         finally:
             other.finish()  # a normal exit ends its session: released at once

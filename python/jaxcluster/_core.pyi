@@ -421,44 +421,11 @@ class PsStatus:
     def state_ttl_seconds(self) -> float:
         """Seconds a vanished session's variables are kept (``--state-ttl``)."""
     @property
-    def sessions(self) -> list[PsSessionStatus]:
-        """The sessions holding variables now, by id."""
+    def sessions(self) -> list[SessionHeld]:
+        """The sessions holding variables now, by id (``resources`` counts variables,
+        optimizer slots and step counts included)."""
     def to_dict(self) -> dict[str, Any]:
         """The plain dict (for JSON, Prometheus and callers written against it)."""
-
-    def __getitem__(self, key: str, /) -> Any:
-        """``to_dict()[key]``."""
-
-    def get(self, key: str, default: Any = None) -> Any:
-        """``to_dict().get(key, default)``."""
-
-    def keys(self) -> list[str]:
-        """``to_dict()``'s keys."""
-
-@final
-class PsSessionStatus:
-    """One session (a ``ParameterServerStrategy``) a parameter server holds variables for
-    (``PsStatus.sessions``).
-
-    Example: ``{s.id: s.bytes for s in PsClient(address).get_status().sessions}``
-
-    Frozen; ``to_dict()``, ``record[key]`` and ``record.get(key)`` as for :class:`PsStatus`."""
-
-    @property
-    def id(self) -> str:
-        """The session id; empty for calls that carried none."""
-    @property
-    def variables(self) -> int:
-        """Variables held, optimizer slots and step counts included."""
-    @property
-    def bytes(self) -> int: ...
-    @property
-    def connections(self) -> int:
-        """Connections open now that carried the session (0: vanished)."""
-    @property
-    def idle_seconds(self) -> float: ...
-    def to_dict(self) -> dict[str, Any]:
-        """The plain dict."""
 
     def __getitem__(self, key: str, /) -> Any:
         """``to_dict()[key]``."""
@@ -743,7 +710,8 @@ class ClosureError:
 
 @final
 class SessionHeld:
-    """One session's values a worker holds (``WorkerReport.sessions``).
+    """One session's values a worker or parameter server holds (``WorkerReport.sessions``,
+    ``PsStatus.sessions``).
 
     Example: ``sum(s.bytes for s in client.get_status().sessions)``
 
@@ -751,11 +719,13 @@ class SessionHeld:
 
     @property
     def id(self) -> str:
-        """The session's id (``ClusterCoordinator.session_id``)."""
+        """The session's id (``ClusterCoordinator.session_id``,
+        ``ParameterServerStrategy.session_id``); empty for calls that carried none."""
 
     @property
     def resources(self) -> int:
-        """Values held: per-worker datasets, iterators, device state."""
+        """Values held: per-worker datasets, iterators, device state; on a ps, variables
+        (optimizer slots and step counts included)."""
 
     @property
     def bytes(self) -> int:
@@ -772,7 +742,9 @@ class SessionHeld:
 
     @property
     def named(self) -> bool:
-        """Whether it holds named state (``create_per_worker_state(..., name=...)``)."""
+        """Whether it holds values a later session can re-attach: named state
+        (``create_per_worker_state(..., name=...)``), or any ps variable
+        (``ParameterServerStrategy(..., reattach=True)``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict."""

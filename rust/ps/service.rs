@@ -77,12 +77,13 @@ impl PsShared {
             .sessions
             .held()
             .into_iter()
-            .map(|held| pb::PsSessionHeld {
-                connections: connected.get(&held.session).copied().map_or(0, u64::from),
+            .map(|held| pb::SessionHeld {
+                connections: connected.get(&held.session).copied().unwrap_or(0),
                 id: held.session.as_str().to_owned(),
-                variables: held.variables as u64,
+                resources: held.variables as u64,
                 bytes: held.bytes as u64,
                 idle_seconds: held.idle.as_secs_f64(),
+                named: held.variables > 0,
             })
             .collect();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);

@@ -44,7 +44,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<status::SessionHeld>()?;
     m.add_class::<status::WorkerStatus>()?;
     m.add_class::<status::PsStatus>()?;
-    m.add_class::<status::PsSessionStatus>()?;
     m.add_class::<metrics::Metrics>()?;
     m.add_class::<metrics::WorkerMetrics>()?;
     m.add_class::<metrics::LatencyHistogram>()?;

@@ -1,7 +1,7 @@
 //! Typed status records: `WorkerReport` (a worker's own `GetStatus` answer),
 //! `WorkerStatus` (one worker as the coordinator sees it: its link plus its last report)
-//! `PsStatus` (a parameter server's `GetStatus` answer) and `PsSessionStatus` (one
-//! session it holds variables for). Frozen, built once from the
+//! `PsStatus` (a parameter server's `GetStatus` answer) and `SessionHeld` (one session a
+//! worker or ps holds values for). Frozen, built once from the
 //! snapshot they wrap; see `_core.pyi` for the attributes and `super::record` for the
 //! dict-style access kept for older callers.
 
@@ -71,7 +71,7 @@ record! {
     }
 }
 
-/// One session's values a worker holds (`WorkerReport.sessions`).
+/// One session's values a worker or ps holds (`WorkerReport.sessions`, `PsStatus.sessions`).
 #[pyclass(frozen, module = "jaxcluster._core", name = "SessionHeld")]
 #[derive(Debug, Clone)]
 pub struct SessionHeld(pb::SessionHeld);
@@ -209,33 +209,6 @@ record! {
         bytes_read: u64 = self.0.bytes_read,
         bytes_written: u64 = self.0.bytes_written,
         state_ttl_seconds: f64 = self.0.state_ttl_seconds,
-        sessions: Vec<PsSessionStatus> = self.0.sessions.iter().map(PsSessionStatus::from).collect(),
-    }
-}
-
-/// One session a parameter server holds variables for (`PsStatus.sessions`).
-#[pyclass(frozen, module = "jaxcluster._core", name = "PsSessionStatus")]
-#[derive(Debug, Clone)]
-pub struct PsSessionStatus(pb::PsSessionHeld);
-
-impl From<&pb::PsSessionHeld> for PsSessionStatus {
-    fn from(held: &pb::PsSessionHeld) -> Self {
-        Self(held.clone())
-    }
-}
-
-impl PsSessionStatus {
-    fn dict_of<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
-        fields_dict(slf.as_any(), Self::FIELDS)
-    }
-}
-
-record! {
-    PsSessionStatus as "PsSessionStatus" (self) {
-        id: &str = &self.0.id,
-        variables: u64 = self.0.variables,
-        bytes: u64 = self.0.bytes,
-        connections: u64 = self.0.connections,
-        idle_seconds: f64 = self.0.idle_seconds,
+        sessions: Vec<SessionHeld> = self.0.sessions.iter().cloned().map(SessionHeld).collect(),
     }
 }
