@@ -160,21 +160,40 @@ def checkpoint_round_trip(state_mib: int) -> tuple[float, float]:
 # --- A preemption notice, and a coordinator restart on named state. ---
 
 
-def stamped(seconds: float) -> tuple[int, float]:
-    """Runs on a worker: (its pid, the wall time the closure started), after ``seconds``."""
+def stamped(directory: str, i: int, seconds: float) -> tuple[int, float]:
+    """Runs on a worker: leaves ``run-<i>-<pid>`` holding its start time in ``directory``
+    (every start, answered or not), sleeps ``seconds``, returns (pid, start)."""
     start = time.time()
+    Path(directory, f"run-{i}-{os.getpid()}").write_text(f"{start:.6f}")
     time.sleep(seconds)
     return os.getpid(), start
 
 
-def preemption_to_last_closure(notices: int = 1) -> list[tuple[float, int]] | None:
+def _runs(directory: Path) -> list[tuple[int, int, float]]:
+    """(closure, pid, start) of every run :func:`stamped` recorded."""
+    found = []
+    for marker in directory.glob("run-*"):
+        text = marker.read_text()
+        if text:
+            _, i, pid = marker.name.split("-")
+            found.append((int(i), int(pid), float(text)))
+    return found
+
+
+def _more(coordinator: Any, values: list[Any], work: str, n: int) -> None:
+    """Schedules ``n`` more :func:`stamped` closures, numbered on from ``values``."""
+    first = len(values)
+    values.extend(coordinator.schedule(stamped, args=(work, first + k, 0.02)) for k in range(n))
+
+
+def preemption_to_last_closure(notices: int = 1) -> list[tuple[float, int, int]] | None:
     """(seconds from a preemption notice to the start of the last closure the preempted
-    worker ran, negative when that one started before the notice; closures retried) per
-    notice. A closure starts after it was sent, so this bounds the last one sent. 2 workers
-    take a stream of 20 ms closures; the notice is a SIGTERM to worker 0
-    (``--preemption-notice signal``: what Kubernetes sends; a metadata server's notice takes
-    the same path from there). The coordinator has ``max_closure_retries=0``, so a retry
-    charged for the notice would fail a closure."""
+    worker ran, negative when that one started before the notice; closures the coordinator
+    counted as retried; closures that ran twice) per notice. A closure starts after it was
+    sent, so this bounds the last one sent. 2 workers take a stream of 20 ms closures; the
+    notice is a SIGTERM to worker 0 (``--preemption-notice signal``: what Kubernetes sends;
+    a metadata server's notice takes the same path from there). The coordinator has
+    ``max_closure_retries=0``, so a retry charged for the notice would fail a closure."""
     from jaxcluster import LocalCluster
 
     here = os.path.dirname(os.path.abspath(__file__))
@@ -182,11 +201,13 @@ def preemption_to_last_closure(notices: int = 1) -> list[tuple[float, int]] | No
     figures = []
     for _ in range(notices):
         with (
+            tempfile.TemporaryDirectory() as work,
             LocalCluster(2, env=env, worker_args=("--preemption-notice", "signal")) as cluster,
             cluster.coordinator(max_closure_retries=0) as coordinator,
         ):
             preempted = cluster.worker_pid(0)
-            values = [coordinator.schedule(stamped, args=(0.02,)) for _ in range(40)]
+            values: list[Any] = []
+            _more(coordinator, values, work, 40)
             # Both workers busy before the notice.
             if preempted is None or all(v.fetch()[0] != preempted for v in values[:20]):
                 raise RuntimeError("worker 0 ran none of the first closures")
@@ -196,19 +217,24 @@ def preemption_to_last_closure(notices: int = 1) -> list[tuple[float, int]] | No
             # after (anything it still sent worker 0 would show as a late start).
             until = None
             while until is None or time.monotonic() < until:
-                values.extend(coordinator.schedule(stamped, args=(0.02,)) for _ in range(4))
+                _more(coordinator, values, work, 4)
                 if until is None and coordinator.metrics()["preemptions"]:
                     until = time.monotonic() + 2.0
                 time.sleep(0.05)
                 if time.time() - noticed > 60:
                     raise TimeoutError("worker 0 never seen preempting")
             assert coordinator.join(timeout=120)
-            results = [v.fetch() for v in values]
+            for v in values:
+                v.fetch()
             metrics = coordinator.metrics()
             if metrics["failed"]:
                 raise AssertionError(f"{metrics['failed']} closure(s) failed after the notice")
-            last = max(start for pid, start in results if pid == preempted)
-            figures.append((last - noticed, int(metrics["retried"])))
+            runs = _runs(Path(work))
+            if {i for i, _, _ in runs} != set(range(len(values))):
+                raise AssertionError("a closure never ran")
+            last = max(start for _, pid, start in runs if pid == preempted)
+            twice = len(runs) - len(values)
+            figures.append((last - noticed, int(metrics["retried"]), twice))
     return figures
 
 
@@ -356,14 +382,16 @@ def main(argv: list[str] | None = None) -> int:
     saved, restored = checkpoint_round_trip(mib)
     restart = coordinator_restart_to_first_closure(mib)
 
-    retried = sum(r for _, r in notices)
+    retried = [r for _, r, _ in notices]
+    twice = sum(t for _, _, t in notices)
     rows = [
         ("worker SIGKILL -> its closure running elsewhere", _spread([r for r, _ in reruns])),
         ("worker SIGKILL -> that closure's result", _spread([d for _, d in reruns])),
         ("slice host SIGKILL -> slice serving again", _spread(slices)),
         (
             "preemption notice -> last closure sent to it",
-            f"{_spread_ms([n for n, _ in notices])}, {retried} closure(s) retried",
+            f"{_spread_ms([n for n, _, _ in notices])}; none charged (0 failed with"
+            f" max_closure_retries=0); counted retried per run {retried}; ran twice {twice}",
         ),
         (
             f"{mib} MiB of on_preemption='save' state saved",
