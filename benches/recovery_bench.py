@@ -9,9 +9,14 @@
    checkpoint, timed as a ``ParameterServerStrategy.save`` / ``restore`` round trip of
    ``--state-mib`` MiB of variables (a new strategy, as the restarted program makes).
 
-Three figures need features not built yet; their hooks (``preemption_to_last_closure``,
-``preemption_state_saved``, ``coordinator_restart_to_first_closure``) return ``None`` and the
-table says so. Whoever adds the feature fills in the hook.
+4. preemption notice -> the last closure sent to that worker: 2 workers, a stream of short
+   closures, SIGTERM to one; also how many closures were retried (the notice charges none).
+5. coordinator SIGKILL -> the first closure of the restarted program on re-attached named
+   state (``--state-mib`` MiB over 2 workers), split into process start + imports,
+   coordinator up, re-attach and the closure; printed against the baseline (3) as a ratio.
+
+``on_preemption="save"`` is not built yet: its hook (``preemption_state_saved``) returns
+``None`` and the table says so. Whoever adds the option fills in the hook.
 
 Usage: python benches/recovery_bench.py [--kills N] [--state-mib M] [--quick]
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -151,14 +157,85 @@ def checkpoint_round_trip(state_mib: int) -> tuple[float, float]:
     return saved, restored
 
 
-# --- Hooks for the figures other parts of issue 29 enable (not implemented here). ---
+# --- A preemption notice, and a coordinator restart on named state. ---
 
 
-def preemption_to_last_closure() -> float | None:
-    """Seconds from a preemption notice (``--preemption-notice``, a fake metadata server
-    flipping ``instance/preempted``) to the last closure the coordinator sends that worker.
-    ``None`` until preemption notices exist (issue 29 item 3)."""
-    return None
+def stamped(directory: str, i: int, seconds: float) -> tuple[int, float]:
+    """Runs on a worker: leaves ``run-<i>-<pid>`` holding its start time in ``directory``
+    (every start, answered or not), sleeps ``seconds``, returns (pid, start)."""
+    start = time.time()
+    Path(directory, f"run-{i}-{os.getpid()}").write_text(f"{start:.6f}")
+    time.sleep(seconds)
+    return os.getpid(), start
+
+
+def _runs(directory: Path) -> list[tuple[int, int, float]]:
+    """(closure, pid, start) of every run :func:`stamped` recorded."""
+    found = []
+    for marker in directory.glob("run-*"):
+        text = marker.read_text()
+        if text:
+            _, i, pid = marker.name.split("-")
+            found.append((int(i), int(pid), float(text)))
+    return found
+
+
+def _more(coordinator: Any, values: list[Any], work: str, n: int) -> None:
+    """Schedules ``n`` more :func:`stamped` closures, numbered on from ``values``."""
+    first = len(values)
+    values.extend(coordinator.schedule(stamped, args=(work, first + k, 0.02)) for k in range(n))
+
+
+def preemption_to_last_closure(notices: int = 1) -> list[tuple[float, int, int]] | None:
+    """(seconds from a preemption notice to the start of the last closure the preempted
+    worker ran, negative when that one started before the notice; closures the coordinator
+    counted as retried; closures that ran twice) per notice. A closure starts after it was
+    sent, so this bounds the last one sent. 2 workers take a stream of 20 ms closures; the
+    notice is a SIGTERM to worker 0 (``--preemption-notice signal``: what Kubernetes sends;
+    a metadata server's notice takes the same path from there). The coordinator has
+    ``max_closure_retries=0``, so a retry charged for the notice would fail a closure."""
+    from jaxcluster import LocalCluster
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
+    figures = []
+    for _ in range(notices):
+        with (
+            tempfile.TemporaryDirectory() as work,
+            LocalCluster(2, env=env, worker_args=("--preemption-notice", "signal")) as cluster,
+            cluster.coordinator(max_closure_retries=0) as coordinator,
+        ):
+            preempted = cluster.worker_pid(0)
+            values: list[Any] = []
+            _more(coordinator, values, work, 40)
+            # Both workers busy before the notice.
+            if preempted is None or all(v.fetch()[0] != preempted for v in values[:20]):
+                raise RuntimeError("worker 0 ran none of the first closures")
+            noticed = time.time()
+            os.kill(preempted, signal.SIGTERM)
+            # Keep the stream going until the coordinator has counted the notice, and a while
+            # after (anything it still sent worker 0 would show as a late start).
+            until = None
+            while until is None or time.monotonic() < until:
+                _more(coordinator, values, work, 4)
+                if until is None and coordinator.metrics()["preemptions"]:
+                    until = time.monotonic() + 2.0
+                time.sleep(0.05)
+                if time.time() - noticed > 60:
+                    raise TimeoutError("worker 0 never seen preempting")
+            assert coordinator.join(timeout=120)
+            for v in values:
+                v.fetch()
+            metrics = coordinator.metrics()
+            if metrics["failed"]:
+                raise AssertionError(f"{metrics['failed']} closure(s) failed after the notice")
+            runs = _runs(Path(work))
+            if {i for i, _, _ in runs} != set(range(len(values))):
+                raise AssertionError("a closure never ran")
+            last = max(start for _, pid, start in runs if pid == preempted)
+            twice = len(runs) - len(values)
+            figures.append((last - noticed, int(metrics["retried"]), twice))
+    return figures
 
 
 def preemption_state_saved(state_mib: int) -> float | None:
@@ -167,12 +244,102 @@ def preemption_state_saved(state_mib: int) -> float | None:
     return None
 
 
-def coordinator_restart_to_first_closure(state_mib: int) -> float | None:
+# The program a coordinator restart runs, twice: the first instance builds named state of
+# MIB MiB on every worker and runs a few closures on it, then waits to be SIGKILLed; the
+# second re-attaches and runs one closure. It prints wall-clock stamps as JSON.
+_RESTARTED = """
+import json, sys, time
+started = time.time()
+import numpy as np
+from jaxcluster import ClusterCoordinator
+from jaxcluster.cluster_resolver import SimpleClusterResolver
+from jaxcluster.cluster_spec import ClusterSpec
+
+addresses, mib, first = sys.argv[1].split(","), int(sys.argv[2]), sys.argv[3] == "first"
+imported = time.time()
+coordinator = ClusterCoordinator(SimpleClusterResolver(ClusterSpec({"worker": addresses})))
+up = time.time()
+
+def init():
+    # init_fn running in the restarted program would show as 2.0 below.
+    fill = 1.0 if first else 2.0
+    return {"w": np.full(mib * 1024 * 1024 // 4, fill, np.float32), "step": np.int64(0)}
+
+state = coordinator.create_per_worker_state(init, name="recovery-bench")
+reattached = state.reattached
+attached = time.time()
+
+def step(s):
+    v = s.value
+    step, last, nbytes = int(v["step"]) + 1, float(v["w"][-1]), int(v["w"].nbytes)
+    s.assign({"w": v["w"], "step": np.int64(step)})  # frees the old step's buffer
+    return step, last, nbytes
+
+if first:
+    for _ in range(3):
+        coordinator.fetch([coordinator.schedule(step, args=(state,)) for _ in addresses])
+    print("READY", flush=True)
+    time.sleep(600)
+result = coordinator.schedule(step, args=(state,)).fetch()
+done = time.time()
+print(json.dumps({"started": started, "imported": imported, "up": up, "attached": attached,
+                  "done": done, "reattached": reattached, "result": result}), flush=True)
+coordinator.shutdown()
+"""
+
+
+def coordinator_restart_to_first_closure(state_mib: int) -> dict[str, float] | None:
     """Seconds from SIGKILL of the coordinator's process to the first closure of the
-    restarted program running on re-attached named state of ``state_mib`` MiB per worker
-    (``create_per_worker_state(..., name=...)``). ``None`` until named state survives its
-    coordinator (issue 29 item 2); compare it with :func:`checkpoint_round_trip`."""
-    return None
+    restarted program on re-attached named state (``create_per_worker_state(...,
+    name=...)``), ``state_mib`` MiB in all over 2 workers, and its split: process start and
+    imports, coordinator up, re-attach, first closure. Compare with
+    :func:`checkpoint_round_trip`, TF's way."""
+    import json
+    import subprocess
+
+    from jaxcluster import LocalCluster
+    from jaxcluster._auth import AUTH_TOKEN_ENV
+
+    # The workers keep the killed coordinator's named state this long.
+    with LocalCluster(2, state_ttl=600) as cluster:
+        env = {**os.environ, AUTH_TOKEN_ENV: cluster.auth_token}
+        per_worker = max(state_mib // cluster.num_workers, 1)
+
+        def start(which: str) -> subprocess.Popen[str]:
+            command = [sys.executable, "-c", _RESTARTED, ",".join(cluster.addresses)]
+            return subprocess.Popen(
+                [*command, str(per_worker), which], stdout=subprocess.PIPE, text=True, env=env
+            )
+
+        first = start("first")
+        try:
+            assert first.stdout is not None
+            if first.stdout.readline().strip() != "READY":
+                raise RuntimeError("the first coordinator program ended before READY")
+            killed = time.time()
+            first.kill()
+            second = start("second")
+        finally:
+            first.kill()
+            first.wait()
+        out, _ = second.communicate(timeout=300)
+        if second.returncode != 0:
+            raise RuntimeError(f"the restarted program exited {second.returncode}")
+        stamps = json.loads(out.strip().splitlines()[-1])
+    step, value, nbytes = stamps["result"]
+    # Re-attached (init_fn never ran in it), and the state is the killed program's: its
+    # fill is there (a rebuilt value would read 2.0), and every byte of it.
+    if not stamps["reattached"] or step < 1 or value != 1.0:
+        raise AssertionError(f"not re-attached to the killed program's state: {stamps}")
+    if nbytes != per_worker * 1024 * 1024:
+        raise AssertionError(f"{nbytes} bytes of state, expected {per_worker} MiB")
+    return {
+        "total": stamps["done"] - killed,
+        "start": stamps["imported"] - killed,
+        "up": stamps["up"] - stamps["imported"],
+        "reattach": stamps["attached"] - stamps["up"],
+        "closure": stamps["done"] - stamps["attached"],
+    }
 
 
 def _spread(values: list[float]) -> str:
@@ -183,6 +350,14 @@ def _spread(values: list[float]) -> str:
     )
 
 
+def _spread_ms(values: list[float]) -> str:
+    """Milliseconds; negative: nothing started after the notice (the last began before)."""
+    if not values:
+        return "-"
+    ms = [v * 1000 for v in values]
+    return f"median {statistics.median(ms):.0f} ms (min {min(ms):.0f}, max {max(ms):.0f})"
+
+
 def _or_pending(value: float | None, needs: str) -> str:
     return f"{value:.2f} s" if value is not None else f"- (needs {needs})"
 
@@ -190,7 +365,9 @@ def _or_pending(value: float | None, needs: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=3, help="kills per figure (default 3)")
-    parser.add_argument("--state-mib", type=int, default=256, help="checkpointed state (MiB)")
+    parser.add_argument(
+        "--state-mib", type=int, default=256, help="state checkpointed or re-attached (MiB)"
+    )
     parser.add_argument(
         "--quick", action="store_true", help="1 kill each and 16 MiB of state (a smoke run)"
     )
@@ -198,37 +375,60 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.kills, args.state_mib = 1, 16
+    mib = args.state_mib
     reruns = worker_kill_to_rerun(args.kills)
     slices = [] if args.no_slices else slice_host_kill_to_serving(args.kills)
-    saved, restored = checkpoint_round_trip(args.state_mib)
-    mib = args.state_mib
-
+    notices = preemption_to_last_closure(args.kills) or []
+    saved, restored = checkpoint_round_trip(mib)
     restart = coordinator_restart_to_first_closure(mib)
+
+    retried = [r for _, r, _ in notices]
+    twice = sum(t for _, _, t in notices)
     rows = [
         ("worker SIGKILL -> its closure running elsewhere", _spread([r for r, _ in reruns])),
         ("worker SIGKILL -> that closure's result", _spread([d for _, d in reruns])),
         ("slice host SIGKILL -> slice serving again", _spread(slices)),
         (
             "preemption notice -> last closure sent to it",
-            _or_pending(preemption_to_last_closure(), "preemption notices"),
+            f"{_spread_ms([n for n, _, _ in notices])}; none charged (0 failed with"
+            f" max_closure_retries=0); counted retried per run {retried}; ran twice {twice}",
         ),
         (
             f"{mib} MiB of on_preemption='save' state saved",
             _or_pending(preemption_state_saved(mib), "on_preemption='save'"),
         ),
         (
-            "coordinator SIGKILL -> first closure, re-attached",
-            _or_pending(restart, "named state that survives its coordinator"),
+            f"coordinator SIGKILL -> first closure, {mib} MiB re-attached",
+            _or_pending(restart["total"] if restart else None, "named state"),
         ),
     ]
     width = max(len(label) for label, _ in rows)
     print(f"recovery times ({args.kills} kill(s) per figure, {mib} MiB of state)")
     for label, value in rows:
         print(f"  {label.ljust(width)} : {value}")
+    if restart is not None:
+        print(
+            "  coordinator restart split: process start + imports {start:.2f} s, coordinator"
+            " up {up:.2f} s, re-attach {reattach:.2f} s, first closure {closure:.2f} s".format(
+                **restart
+            )
+        )
     print(f"TF's coordinator restart (job restart from a checkpoint, {mib} MiB on 2 ps):")
     print(f"  strategy.save {saved:.2f} s + restore {restored:.2f} s = {saved + restored:.2f} s")
     if restart is not None:
-        print(f"  re-attach / checkpoint round trip: {restart / (saved + restored):.2f}x")
+        # Both restarted programs pay the process start and the coordinator coming up; what
+        # differs is getting the state back: re-attaching it, or restoring the checkpoint.
+        state = max(restart["reattach"] + restart["closure"], 1e-3)
+        tf_restart = restart["start"] + restart["up"] + restored
+        print(
+            f"  state back: re-attach + first closure {state:.2f} s vs restore {restored:.2f} s"
+            f" ({restored / state:.0f}x faster), vs save + restore"
+            f" {(saved + restored) / state:.0f}x"
+        )
+        print(
+            f"  whole restart: {restart['total']:.2f} s vs the same start with a restore"
+            f" {tf_restart:.2f} s ({tf_restart / restart['total']:.2f}x)"
+        )
     return 0
 
 
