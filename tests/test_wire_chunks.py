@@ -125,7 +125,7 @@ def test_unary_calls_take_and_give_large_values_in_chunks(worker: WorkerProc) ->
     client.register_function(stored.function_hash, stored.kind, stored.payload)
     args = wire.encode(((make(3 * LIMIT, 1),), {}))
     created = client.create_resource(7, stored.function_hash, args.pickle, args.buffers)
-    assert created == {"resource_id": 7, "error": None}
+    assert created == {"resource_id": 7, "reattached": False, "error": None}
     assert client.release_resource([7]) == 1
 
 

@@ -173,7 +173,7 @@ def test_resources_are_created_used_and_released(worker: WorkerProc) -> None:
 
     make, take_hash = register(client, make_iterator), register(client, take)
     created = client.create_resource(501, make)
-    assert created == {"resource_id": 501, "error": None}
+    assert created == {"resource_id": 501, "reattached": False, "error": None}
     ref = wire.ResourceRef(501)
     assert value_of(run(client, take_hash, ref, 2)) == [400, 401]
     assert value_of(run(client, take_hash, ref, 1)) == [402]  # the iterator kept its place

@@ -351,10 +351,14 @@ impl JobQueue {
         }
         state.draining = true;
         self.drain_signal.send_replace(true);
-        let (refused, kept): (Vec<Job>, Vec<Job>) = state
-            .jobs
-            .drain(..)
-            .partition(|job| job.request.runs_code());
+        // Closures are refused (the coordinator runs them elsewhere). A session's release is
+        // dropped too: the process is going, and with it every session's values, and a
+        // release waiting for an executor that is not taking jobs any more (or never ran,
+        // as for an in-process server) would hold the drain forever. A resource's release
+        // is kept: its coordinator waits for the answer.
+        let (refused, kept): (Vec<Job>, Vec<Job>) = state.jobs.drain(..).partition(|job| {
+            job.request.runs_code() || matches!(job.request, JobRequest::ReleaseSession)
+        });
         state.jobs.extend(kept);
         self.wake(state);
         for job in refused {
