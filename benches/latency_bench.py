@@ -23,12 +23,12 @@ Ray is never a dependency of jaxcluster: it runs in a virtualenv of its own, as 
 process (this same file with ``--ray-child``) that answers in JSON. Make that virtualenv
 once::
 
-    python3 -m venv /work/venv-ray && /work/venv-ray/bin/pip install 'ray[default]'
+    python3 -m venv .venv/ray && .venv/ray/bin/pip install 'ray[default]'
 
 then::
 
-    python benches/latency_bench.py --ray-python /work/venv-ray/bin/python
-    python benches/latency_bench.py --ray-python /work/venv-ray/bin/python --perf  # root:
+    python benches/latency_bench.py --ray-python .venv/ray/bin/python
+    python benches/latency_bench.py --ray-python .venv/ray/bin/python --perf  # root:
         # also who wakes whom per round trip and each thread's scheduling delay (perf sched)
     python benches/latency_bench.py                   # jaxcluster only (Ray skipped)
     python benches/latency_bench.py --reps 5 -n 3000

@@ -218,12 +218,17 @@ _TRAIN = textwrap.dedent(
 
 def test_named_state_survives_a_killed_coordinator(tmp_path: Path) -> None:
     # A ttl long enough for the program to start again (importing JAX takes seconds).
+    marker = tmp_path / "init-ran"
     with LocalCluster(num_workers=1, state_ttl=300) as cluster:
-        _train_killed_and_restarted(cluster, tmp_path / "init-ran")
+        incarnation = _status(cluster).incarnation
+        _train_killed_and_restarted(cluster, marker)
+        assert _status(cluster).incarnation == incarnation, "the worker restarted"
+    assert marker.read_text() == "init\n", "init_fn ran again"
 
 
 def _train_killed_and_restarted(cluster: LocalCluster, marker: Path) -> None:
-    incarnation = _status(cluster).incarnation
+    """Runs the training program to step 100, SIGKILLs it, and runs it again to step 150;
+    asserts each run's re-attachment and steps."""
     first = _start(cluster, str(marker), "100", program=_TRAIN)
     try:
         assert _read_line(first, "REATTACHED") == "REATTACHED False"
@@ -246,5 +251,3 @@ def _train_killed_and_restarted(cluster: LocalCluster, marker: Path) -> None:
         if second.poll() is None:
             second.kill()
             second.wait()
-    assert marker.read_text() == "init\n", "init_fn ran again"
-    assert _status(cluster).incarnation == incarnation, "the worker restarted"
