@@ -1,10 +1,12 @@
-"""``create_per_worker_state(..., on_preemption=...)``: the argument is validated, and a
-worker preempted (SIGTERM, a notice) and started again on its address gets its state from
-``init_fn`` under ``"rebuild"``. ``"save"`` is not built yet: it raises
-``NotImplementedError`` rather than quietly rebuild (see ``device_state.py``)."""
+"""``create_per_worker_state(..., on_preemption=...)``: the argument is validated; a worker
+preempted (SIGTERM, a notice) and started again on its address gets its state from
+``init_fn`` under ``"rebuild"``, and from the copy the coordinator took off it before the
+notice's deadline under ``"save"`` (``init_fn`` not run there). A save the deadline cuts
+short falls back to ``init_fn`` with a WARNING naming the state and the worker."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -15,8 +17,9 @@ from typing import Any
 import cloudpickle
 import pytest
 
+from jaxcluster import LocalCluster
 from jaxcluster.coordinator import DeviceState
-from support.closures import local_cluster, wait_until
+from support.closures import TESTS_DIR, local_cluster, wait_until
 from support.workers import pid_gone
 
 jax = pytest.importorskip("jax")
@@ -53,13 +56,93 @@ def inits(directory: Path, pid: int | None) -> int:
     return sum(1 for path in directory.iterdir() if path.name == f"init-{pid}")
 
 
-def test_on_preemption_is_validated_and_save_says_it_is_not_supported(cluster: Any) -> None:
+def test_on_preemption_is_validated(cluster: Any) -> None:
     with cluster.coordinator() as coordinator:
         with pytest.raises(ValueError, match="on_preemption='keep'; expected 'rebuild'"):
             coordinator.create_per_worker_state(lambda: 0, on_preemption="keep")
+        with pytest.raises(ValueError, match="on_worker_restart='rebuild' asks for"):
+            coordinator.create_per_worker_state(
+                lambda: 0, on_preemption="save", on_worker_restart="lose"
+            )
         assert coordinator.create_per_worker_state(lambda: 0).on_preemption == "rebuild"
-        with pytest.raises(NotImplementedError, match="on_preemption='save' is not supported"):
-            coordinator.create_per_worker_state(lambda: 0, on_preemption="save")
+        saved = coordinator.create_per_worker_state(lambda: 0, on_preemption="save")
+        assert saved.on_preemption == "save"
+
+
+def on_worker(coordinator: Any, state: Any, worker: int, count: int = 8) -> list[int]:
+    """Counts of the bumps that ran on ``worker`` (some of ``count`` scheduled ones)."""
+    results = coordinator.fetch([coordinator.schedule(bump, args=(state,)) for _ in range(count)])
+    return [n for index, n in results if index == worker]
+
+
+def test_a_preempted_worker_starts_again_from_the_copy_saved_before_its_deadline(
+    cluster: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="jaxcluster.coordinator")
+    with cluster.coordinator() as coordinator:
+        state = coordinator.create_per_worker_state(
+            counter_init(str(tmp_path)), on_preemption="save"
+        )
+        first = cluster.worker_pid(0)
+        wait_until(lambda: on_worker(coordinator, state, 0), "a closure on worker 0")
+        reached = int(state.fetch(0, timeout=60)["n"])
+        assert reached >= 1
+        assert inits(tmp_path, first) == 1
+
+        # The notice (SIGTERM; grace 30 s): the worker stays up until its state is copied.
+        os.kill(first, signal.SIGTERM)
+        wait_until(lambda: coordinator.metrics()["state_saves"] == 1, "the state's save")
+        metrics = coordinator.metrics()
+        assert metrics["state_saves_failed"] == 0
+        assert metrics["state_saved_bytes"] > 0
+        wait_until(lambda: pid_gone(first), "worker 0 to exit once its state was saved")
+        saved = [r.getMessage() for r in caplog.records if "saved device state" in r.getMessage()]
+        assert len(saved) == 1 and "worker 0" in saved[0], saved
+
+        cluster.restart_worker(0)  # the replacement, on the same address
+        second = cluster.worker_pid(0)
+        assert second != first
+        after = wait_until(lambda: on_worker(coordinator, state, 0), "a closure on worker 0")
+        # It continues from the copy: the first bump there counts on from `reached`.
+        assert after == list(range(reached + 1, reached + 1 + len(after)))
+        assert inits(tmp_path, second) == 0  # init_fn did not run on the replacement
+        assert int(state.fetch(0, timeout=60)["n"]) == reached + len(after)
+
+
+def test_a_save_the_deadline_cuts_short_falls_back_to_init_fn_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="jaxcluster.coordinator")
+    path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
+    # A notice whose deadline is its arrival: no time to copy anything.
+    with (
+        LocalCluster(2, env={"PYTHONPATH": path}, worker_args=["--preemption-grace", "0"]) as short,
+        short.coordinator() as coordinator,
+    ):
+        state = coordinator.create_per_worker_state(
+            counter_init(str(tmp_path)), on_preemption="save"
+        )
+        coordinator.fetch([coordinator.schedule(bump, args=(state,)) for _ in range(6)])
+        assert state.fetch(timeout=60)
+        first = short.worker_pid(0)
+        os.kill(first, signal.SIGTERM)
+        warning = wait_until(
+            lambda: [
+                r
+                for r in caplog.records
+                if r.levelno == logging.WARNING and "was NOT saved" in r.getMessage()
+            ],
+            "the warning that worker 0's state was not saved",
+        )
+        assert "worker 0" in warning[0].getMessage()
+        assert "counter_init.<locals>.init" in warning[0].getMessage()
+        assert coordinator.metrics()["state_saves_failed"] == 1
+        wait_until(lambda: pid_gone(first), "worker 0 to exit")
+        short.restart_worker(0)
+        second = short.worker_pid(0)
+        after = wait_until(lambda: on_worker(coordinator, state, 0), "a closure on worker 0")
+        assert after == list(range(1, len(after) + 1))  # from init_fn, as announced
+        assert inits(tmp_path, second) == 1
 
 
 def test_a_preempted_worker_rebuilds_its_state_from_init_fn_by_default(

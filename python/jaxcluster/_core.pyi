@@ -835,10 +835,14 @@ class WorkerServer:
     def draining(self) -> bool:
         """Whether shutdown has begun."""
 
-    def next_job(self, timeout: float | None = None) -> WorkerJob | None:
+    def next_job(
+        self, timeout: float | None = None, *, while_draining: bool = False
+    ) -> WorkerJob | None:
         """The next job, or ``None`` after ``timeout`` seconds or once the server is
-        draining with nothing left. Raises ``RuntimeError`` if the previous job is not
-        answered yet (one job at a time)."""
+        draining with nothing left (with ``while_draining``, a draining server still waits
+        up to ``timeout``: a preempted worker awaiting its coordinators' preemption saves).
+        Raises ``RuntimeError`` if the previous job is not answered yet (one job at a
+        time)."""
 
     def begin_shutdown(self) -> bool:
         """Stops taking closures: new and queued ones get ``UNAVAILABLE`` so a coordinator
@@ -1031,6 +1035,7 @@ class WorkerClient:
         closure_id: int = 0,
         timeout: float | None = None,
         worker_index: int | None = None,
+        preemption_save: bool = False,
     ) -> dict[str, Any]:
         """Runs a registered function on pickled ``(args, kwargs)``. Returns
         ``{"closure_id", "value", "buffers", "error"}``: ``value``/``buffers`` (``Buffer``
@@ -1039,7 +1044,9 @@ class WorkerClient:
         long as the closure runs. A request above ``max_message_bytes`` goes in chunks
         (protocol revision 4). ``worker_index``: what ``get_current_worker_index()`` says
         in the closure (default: the worker's ``--index``; a slice's rank 0 passes on the
-        coordinator's to its peers)."""
+        coordinator's to its peers). ``preemption_save``: a read of this session's
+        ``on_preemption="save"`` state that a preempting worker still runs; its answer
+        always comes in chunks, whatever its size."""
 
     def create_resource(
         self,
@@ -1521,6 +1528,17 @@ class PerWorkerResource:
 
     def reattached(self, worker: int) -> bool:
         """Whether ``worker``'s value was a live named value adopted, not built."""
+
+    def set_build_args(
+        self, worker: int, args: _BytesLike, buffers: Sequence[_BytesLike] = ...
+    ) -> None:
+        """Makes the next build on ``worker`` call the function with these pickled
+        ``(args, kwargs)`` (and out-of-band ``buffers``) instead of none: a preempted
+        worker's replacement starts from the saved copy of its state. Dropped once a build
+        with them succeeded there. ``IndexError`` for a worker out of range."""
+
+    def has_build_args(self, worker: int) -> bool:
+        """Whether ``worker``'s next build still has arguments of :meth:`set_build_args`."""
 
     def release(self) -> None:
         """Releases it on every worker now; later schedules with it raise ``ValueError``.

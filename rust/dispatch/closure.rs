@@ -88,6 +88,8 @@ impl Closure {
             args,
             closure_id: self.id(),
             worker_index: i64::try_from(worker).ok(),
+            // Closures of the stream are never preemption saves (those are unary).
+            preemption_save: false,
         }
     }
 

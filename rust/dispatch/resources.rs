@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use super::failure::ClosureFailure;
 use super::functions::Function;
 use super::Shared;
+use crate::rpc::pb;
 
 /// Where one resource stands on one worker.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +91,10 @@ pub(crate) struct ResourceInner {
     /// The workers whose last build adopted a live named value instead of running the
     /// function.
     reattached: Mutex<std::collections::HashSet<usize>>,
+    /// Arguments for the next build on a worker, by worker index, instead of none: a copy
+    /// of that worker's device state saved before its preemption, which its replacement
+    /// starts from. Dropped once a build with them succeeded.
+    build_args: Mutex<HashMap<usize, pb::Value>>,
     states: Mutex<Vec<ResourceState>>,
     released: AtomicBool,
     owner: Weak<Shared>,
@@ -109,6 +114,7 @@ impl ResourceInner {
             rebuild,
             name: String::new(),
             reattached: Mutex::default(),
+            build_args: Mutex::default(),
             states: Mutex::new(vec![ResourceState::Pending; workers]),
             released: AtomicBool::new(false),
             owner,
@@ -134,6 +140,27 @@ impl ResourceInner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .contains(&worker)
+    }
+
+    fn build_args_map(&self) -> MutexGuard<'_, HashMap<usize, pb::Value>> {
+        self.build_args
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes the next build on `worker` pass `args` (see `build_args`), replacing any.
+    pub fn set_build_args(&self, worker: usize, args: pb::Value) {
+        self.build_args_map().insert(worker, args);
+    }
+
+    /// The arguments the next build on `worker` passes, if any were set.
+    pub fn build_args(&self, worker: usize) -> Option<pb::Value> {
+        self.build_args_map().get(&worker).cloned()
+    }
+
+    /// Drops `worker`'s build arguments; whether there were any.
+    pub fn take_build_args(&self, worker: usize) -> bool {
+        self.build_args_map().remove(&worker).is_some()
     }
 
     fn states(&self) -> MutexGuard<'_, Vec<ResourceState>> {
@@ -327,6 +354,18 @@ impl PerWorkerResource {
     /// Whether `worker`'s value was a live named value adopted rather than built.
     pub fn is_reattached(&self, worker: usize) -> bool {
         self.inner.is_reattached(worker)
+    }
+
+    /// Makes the next build on `worker` call the function with `args` (a pickled
+    /// `(args, kwargs)`) rather than with none: a preempted worker's replacement starts
+    /// from the copy of its state. Dropped after a build with them succeeds there.
+    pub fn set_build_args(&self, worker: usize, args: pb::Value) {
+        self.inner.set_build_args(worker, args);
+    }
+
+    /// Whether `worker`'s next build still has arguments of [`Self::set_build_args`].
+    pub fn has_build_args(&self, worker: usize) -> bool {
+        self.inner.build_args(worker).is_some()
     }
 
     /// Releases the resource on every worker now; closures scheduled later with it fail

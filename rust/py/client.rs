@@ -166,7 +166,7 @@ impl PyWorkerClient {
         Ok(response.already_registered)
     }
 
-    #[pyo3(signature = (function_hash, args=None, buffers=Vec::new(), *, closure_id=0, timeout=None, worker_index=None))]
+    #[pyo3(signature = (function_hash, args=None, buffers=Vec::new(), *, closure_id=0, timeout=None, worker_index=None, preemption_save=false))]
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     fn run_closure<'py>(
@@ -178,6 +178,7 @@ impl PyWorkerClient {
         closure_id: u64,
         timeout: Option<f64>,
         worker_index: Option<i64>,
+        preemption_save: bool,
     ) -> PyResult<Bound<'py, PyDict>> {
         let request = pb::RunClosureRequest {
             function_hash: to_bytes(function_hash),
@@ -185,6 +186,7 @@ impl PyWorkerClient {
             closure_id,
             // None: the worker's own --index (a slice's rank 0 passes on the coordinator's).
             worker_index,
+            preemption_save,
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.run_closure(request, timeout))?;

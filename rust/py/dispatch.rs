@@ -20,7 +20,7 @@ use pyo3::pybacked::PyBackedBytes;
 use super::blocking::{
     detach_interruptible, in_runtime, interrupted, wait_in_slices, with_wait_policy, SIGNAL_POLL,
 };
-use super::buffer::bytes_of_all;
+use super::buffer::{bytes_of, bytes_of_all};
 use super::convert::{duration, to_bytes};
 use super::dispatch_convert::dispatch_error;
 use super::enums::{function_kind_arg, ResourceState};
@@ -32,7 +32,7 @@ use crate::dispatch::{
     ResultCell, Versions,
 };
 use crate::queue::WaitPolicy;
-use crate::rpc::{ClientConfig, WorkerClient};
+use crate::rpc::{pb, ClientConfig, WorkerClient};
 
 /// The Python-facing dispatcher; documented in `_core.pyi`.
 #[pyclass(frozen, module = "jaxcluster._core", name = "Dispatcher")]
@@ -428,6 +428,37 @@ impl PyPerWorkerResource {
 
     fn reattached(&self, worker: i64) -> bool {
         usize::try_from(worker).is_ok_and(|index| self.inner.is_reattached(index))
+    }
+
+    #[pyo3(signature = (worker, args, buffers=Vec::new()))]
+    #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
+    fn set_build_args(
+        &self,
+        worker: i64,
+        args: Bound<'_, PyAny>,
+        buffers: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let workers = self.inner.num_workers();
+        let index = usize::try_from(worker)
+            .ok()
+            .filter(|index| *index < workers)
+            .ok_or_else(|| {
+                PyIndexError::new_err(format!(
+                    "PerWorkerResource.set_build_args(): worker {worker} is out of range; \
+                     expected 0 to {}",
+                    workers.saturating_sub(1)
+                ))
+            })?;
+        let value = pb::Value {
+            pickle: bytes_of(&args, "args")?,
+            buffers: bytes_of_all(&buffers, "each buffer")?,
+        };
+        self.inner.set_build_args(index, value);
+        Ok(())
+    }
+
+    fn has_build_args(&self, worker: i64) -> bool {
+        usize::try_from(worker).is_ok_and(|index| self.inner.has_build_args(index))
     }
 
     fn release(&self) {

@@ -145,8 +145,13 @@ impl PyWorkerServer {
         self.inner.is_draining()
     }
 
-    #[pyo3(signature = (timeout=None))]
-    fn next_job(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyWorkerJob>> {
+    #[pyo3(signature = (timeout=None, *, while_draining=false))]
+    fn next_job(
+        &self,
+        py: Python<'_>,
+        timeout: Option<f64>,
+        while_draining: bool,
+    ) -> PyResult<Option<PyWorkerJob>> {
         let timeout = duration(timeout, "timeout")?;
         // A job already queued (the usual case when closures are pipelined) is taken with
         // the GIL held: releasing and re-taking it would cost more than the lookup.
@@ -155,7 +160,15 @@ impl PyWorkerServer {
             other => Some(other),
         };
         if found.is_none() {
-            wait_in_slices(py, timeout, |slice| match self.inner.next_job(slice) {
+            let server = &self.inner;
+            let pop = |slice| {
+                if while_draining {
+                    server.next_job_while_draining(slice)
+                } else {
+                    server.next_job(slice)
+                }
+            };
+            wait_in_slices(py, timeout, |slice| match pop(slice) {
                 Pop::Empty => false,
                 other => {
                     found = Some(other);

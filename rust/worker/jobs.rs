@@ -123,9 +123,30 @@ impl JobQueue {
         session: &SessionId,
         request: JobRequest,
     ) -> Result<oneshot::Receiver<Result<JobReply, Status>>, Status> {
+        self.push_unless_draining(session, request, true)
+    }
+
+    /// Queues a preemption save of `session` (a read of its own device state) even while
+    /// draining: a worker being preempted refuses every other job, but its coordinators
+    /// still copy their `on_preemption="save"` state off it before the deadline. The
+    /// executor takes it with [`Self::pop_while_draining`].
+    pub fn push_preemption_save(
+        &self,
+        session: &SessionId,
+        request: JobRequest,
+    ) -> Result<oneshot::Receiver<Result<JobReply, Status>>, Status> {
+        self.push_unless_draining(session, request, false)
+    }
+
+    fn push_unless_draining(
+        &self,
+        session: &SessionId,
+        request: JobRequest,
+        refuse_if_draining: bool,
+    ) -> Result<oneshot::Receiver<Result<JobReply, Status>>, Status> {
         let (sender, receiver) = oneshot::channel();
         let mut state = self.lock();
-        if state.draining {
+        if state.draining && refuse_if_draining {
             return Err(self.draining_status());
         }
         state.jobs.push_back(Job {
@@ -262,13 +283,24 @@ impl JobQueue {
 
     /// Takes the next job, waiting up to `timeout` for one.
     pub fn pop(self: &Arc<Self>, timeout: Duration) -> Pop {
+        self.pop_waiting(timeout, false)
+    }
+
+    /// As [`Self::pop`], but a draining queue with nothing queued still waits up to
+    /// `timeout` (`Empty`, never `Drained`): a preempted worker's executor awaiting the
+    /// preemption saves its coordinators send ([`Self::push_preemption_save`]).
+    pub fn pop_while_draining(self: &Arc<Self>, timeout: Duration) -> Pop {
+        self.pop_waiting(timeout, true)
+    }
+
+    fn pop_waiting(self: &Arc<Self>, timeout: Duration, while_draining: bool) -> Pop {
         let deadline = Instant::now() + timeout;
         let mut state = self.lock();
         loop {
             if let Some(pop) = self.take_next(&mut state) {
                 return pop;
             }
-            if state.draining {
+            if state.draining && !while_draining {
                 return Pop::Drained;
             }
             let now = Instant::now();

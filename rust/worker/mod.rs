@@ -252,6 +252,12 @@ impl WorkerServer {
         self.state.queue.pop(timeout)
     }
 
+    /// As [`Self::next_job`], but waits even while draining: a preempted worker's
+    /// executor awaiting its coordinators' preemption saves (`preemption_save` reads).
+    pub fn next_job_while_draining(&self, timeout: Duration) -> Pop {
+        self.state.queue.pop_while_draining(timeout)
+    }
+
     /// The next job if one is queued (and none is running); never waits.
     pub fn try_next_job(&self) -> Pop {
         self.state.queue.try_pop()

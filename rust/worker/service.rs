@@ -60,8 +60,14 @@ impl WorkerService {
         request: pb::RunClosureRequest,
     ) -> Result<pb::RunClosureResponse, Status> {
         let closure_id = request.closure_id;
+        let save = request.preemption_save;
         let job = self.state.run_job(request)?;
-        let JobReply::Run(ran) = self.state.submit_as(session, job).await? else {
+        let reply = if save {
+            self.state.submit_preemption_save(session, job).await?
+        } else {
+            self.state.submit_as(session, job).await?
+        };
+        let JobReply::Run(ran) = reply else {
             return Err(mismatched());
         };
         Ok(pb::RunClosureResponse {

@@ -143,7 +143,30 @@ impl WorkerState {
         session: &SessionId,
         request: JobRequest,
     ) -> Result<JobReply, Status> {
-        let receiver = self.queue.push_as(session, request)?;
+        self.await_reply(self.queue.push_as(session, request)?)
+            .await
+    }
+
+    /// Queues a preemption save of `session` and waits for the executor's answer. Only a
+    /// worker that announced its preemption takes one while draining (see
+    /// [`JobQueue::push_preemption_save`]); otherwise it is queued as any job.
+    pub async fn submit_preemption_save(
+        &self,
+        session: &SessionId,
+        request: JobRequest,
+    ) -> Result<JobReply, Status> {
+        let receiver = if self.preemption.notice().is_some() {
+            self.queue.push_preemption_save(session, request)?
+        } else {
+            self.queue.push_as(session, request)?
+        };
+        self.await_reply(receiver).await
+    }
+
+    async fn await_reply(
+        &self,
+        receiver: tokio::sync::oneshot::Receiver<Result<JobReply, Status>>,
+    ) -> Result<JobReply, Status> {
         receiver.await.unwrap_or_else(|_| {
             Err(Status::internal(
                 "the worker's executor stopped before answering this request",

@@ -24,6 +24,7 @@ from jaxcluster.coordinator.remote_value import RemoteValue
 if TYPE_CHECKING:
     from jaxcluster.coordinator.functions import FunctionSerializer, SerializedFunction
     from jaxcluster.coordinator.per_worker import PerWorkerValues
+    from jaxcluster.coordinator.preemption_save import PreemptionSaver
 
 __all__ = ["CoordinatorHost", "PerWorkerHost"]
 
@@ -57,17 +58,27 @@ class PerWorkerHost(Protocol):
         """The address of worker ``worker``."""
         ...
 
+    def save_on_preemption(self, state: Any) -> None:
+        """Copies ``state`` off every worker that announces its preemption, for its
+        replacement to start from (``on_preemption="save"``)."""
+        ...
+
 
 class CoordinatorHost:
     """A :class:`PerWorkerHost` over one dispatcher; also registers the coordinator's
     functions (once each), so every path that sends a function shares one set."""
 
     def __init__(
-        self, dispatcher: Any, functions: FunctionSerializer, is_closed: Callable[[], bool]
+        self,
+        dispatcher: Any,
+        functions: FunctionSerializer,
+        is_closed: Callable[[], bool],
+        saver: PreemptionSaver | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._functions = functions
         self._is_closed = is_closed
+        self._saver = saver
         self._registered: set[bytes] = set()
         self._lock = threading.Lock()
 
@@ -119,3 +130,8 @@ class CoordinatorHost:
 
     def address(self, worker: int) -> str:
         return str(self._dispatcher.worker_addresses()[worker])
+
+    def save_on_preemption(self, state: Any) -> None:
+        if self._saver is None:
+            raise RuntimeError("this coordinator cannot save device state on preemption")
+        self._saver.watch(state)

@@ -37,6 +37,7 @@ from jaxcluster.coordinator.elastic import Membership, Refresher
 from jaxcluster.coordinator.functions import FunctionSerializer
 from jaxcluster.coordinator.per_worker import PerWorkerDataset
 from jaxcluster.coordinator.placement import WorkerFacts
+from jaxcluster.coordinator.preemption_save import PreemptionSaver
 from jaxcluster.coordinator.remote_value import RemoteValue
 from jaxcluster.coordinator.sessions import end_session, new_session_id
 from jaxcluster.coordinator.slices import (
@@ -210,10 +211,17 @@ class ClusterCoordinator:
         self._ref = weakref.ref(self)
         ref = self._ref
         # What per-worker values may use of this coordinator, and no more.
+        session = self._session_id
+        self._saver = PreemptionSaver(
+            self._dispatcher,
+            self._functions,
+            lambda address: core.WorkerClient(address, token, tls_ca=ca, session=session),
+        )
         self._host = CoordinatorHost(
             self._dispatcher,
             self._functions,
             is_closed=lambda: (coordinator := ref()) is None or coordinator._closed,
+            saver=self._saver,
         )
         self._metrics_server: Any = None
         if metrics_port is not None:
@@ -365,15 +373,16 @@ class ClusterCoordinator:
         coordinator is taken over too; that coordinator's closures using it then fail.
 
         ``on_preemption`` is ``"rebuild"`` (the default: a worker replaced after a
-        preemption notice runs ``init_fn`` as any restarted worker does) or ``"save"`` (its
-        value is to be fetched before the notice's deadline and its replacement started
-        from the copy). ``"save"`` is not built yet and raises ``NotImplementedError``;
-        anything else is a ``ValueError``.
+        preemption notice runs ``init_fn`` as any restarted worker does) or ``"save"``: the
+        moment a worker announces its preemption its value is copied here (a numpy pytree,
+        before the notice's deadline), and the worker that next takes its index starts from
+        the copy instead of ``init_fn``; a save that cannot finish in time is a WARNING and
+        that worker runs ``init_fn`` (see ``device_state.py``).
 
         Example::
 
             state = coordinator.create_per_worker_state(
-                lambda: {"step": np.zeros(())}, on_preemption="rebuild"
+                lambda: {"step": np.zeros(())}, on_preemption="save"
             )
         """
         self._check_open()
@@ -397,12 +406,14 @@ class ClusterCoordinator:
         ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
         failed on an unreachable parameter server, retried as transient or raised),
         ``functions_registered``, ``preemptions`` (notices workers announced, by source:
-        ``{"gce": 1}``), per-worker ``workers`` (``index``, ``address``,
-        ``state``, ``in_state_seconds``, ``last_error`` and this coordinator's
-        ``completed``/``failed``/``retried``/``failures`` on that worker) and the
+        ``{"gce": 1}``), ``state_saves``/``state_saves_failed``/``state_saved_bytes``
+        (``on_preemption="save"`` copies taken off preempted workers), per-worker
+        ``workers`` (``index``, ``address``, ``state``, ``in_state_seconds``,
+        ``last_error`` and this coordinator's ``completed``/``failed``/``retried``/
+        ``failures`` on that worker) and the
         ``latency`` histogram (schedule to result, seconds). All live: read when called,
         no RPC."""
-        return self._dispatcher.metrics().to_dict()
+        return {**self._dispatcher.metrics().to_dict(), **self._saver.counts()}
 
     @property
     def session_id(self) -> str:
@@ -465,6 +476,7 @@ class ClusterCoordinator:
         if self._closed:
             return
         self._closed = True
+        self._saver.stop()
         if self._refresher is not None:
             self._refresher.stop()
         # Workers that are down release the session after their --state-ttl instead.

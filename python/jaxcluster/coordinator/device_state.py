@@ -15,12 +15,16 @@ and closures that use the state there fail with ``ClosureInputError`` around an
 ``AbortedError``. Nothing runs on a silently re-initialised value.
 
 ``on_preemption`` says what a preemption notice changes: ``"rebuild"`` (the default) treats
-the preempted worker's replacement as any restarted worker. ``"save"`` asks for that
-worker's value to be fetched before the notice's deadline and the replacement to start
-from the copy. It is not built yet (a preempting worker refuses every closure, the pinned
-fetch included, and a resource has no per-worker build arguments to ship the copy with), so
-``"save"`` raises ``NotImplementedError`` rather than rebuild from ``init_fn`` under a name
-that promises otherwise: a user who asked for the copy must not lose progress quietly.
+the preempted worker's replacement as any restarted worker. With ``"save"`` the coordinator
+copies that worker's value to its own memory (a numpy pytree) as soon as the notice arrives,
+before the notice's deadline: the preempting worker, which refuses every other closure,
+still runs these *preemption saves* of its own session's state and stays up for them
+(``coordinator/preemption_save.py``). When that worker index is next built (the worker
+restarted on its address, or replaced), its value is built from the copy instead of by
+``init_fn`` (put on the default device, as ``assign`` does), and the copy is dropped. A
+save that cannot finish before the deadline (the worker vanished first) leaves that worker
+to ``init_fn``, with a WARNING naming the state and the worker: progress is never lost
+quietly. Other workers are not affected.
 
 Example::
 
@@ -78,8 +82,17 @@ class DeviceState:
             state.assign(jax.tree_util.tree_map(lambda p: p + x, state.value))
     """
 
+    #: Created with ``on_preemption="save"``, and not yet read by a preemption save.
+    _awaits_save = False
+
     def __init__(self, value: Any) -> None:
         self._value = value
+
+    @property
+    def awaits_preemption_save(self) -> bool:
+        """Whether a worker being preempted must still let its coordinator copy this
+        state (created with ``on_preemption="save"``, not read by a save yet)."""
+        return self._awaits_save
 
     @property
     def value(self) -> Any:
@@ -120,15 +133,20 @@ def _on_device(jax: Any, tree: Any) -> Any:
 
 
 class _StateInit:
-    """Runs on a worker: ``init_fn()``, its arrays put on the worker's devices."""
+    """Runs on a worker: ``init_fn()``, its arrays put on the worker's devices; or, given
+    the copy saved before this worker index's preemption, that copy instead."""
 
-    def __init__(self, init_fn: Callable[[], Any]) -> None:
+    def __init__(self, init_fn: Callable[[], Any], save: bool = False) -> None:
         self._init_fn = init_fn
+        self._save = save
 
-    def __call__(self) -> DeviceState:
+    def __call__(self, *saved: Any) -> DeviceState:
         import jax
 
-        return DeviceState(_on_device(jax, self._init_fn()))
+        value = saved[0] if saved else self._init_fn()
+        state = DeviceState(_on_device(jax, value))
+        state._awaits_save = self._save
+        return state
 
 
 def _built(state: DeviceState) -> None:
@@ -137,6 +155,13 @@ def _built(state: DeviceState) -> None:
 
 def _read_state(state: DeviceState) -> Any:
     """Runs on a worker: the state's value, sent back as numpy arrays."""
+    return state.value
+
+
+def _save_state(state: DeviceState) -> Any:
+    """Runs on a worker being preempted (a preemption save): the state's value, sent back
+    as numpy arrays; the worker need not stay up for this state any more."""
+    state._awaits_save = False
     return state.value
 
 
@@ -191,31 +216,37 @@ class PerWorkerState(PerWorkerValues):
                 f"on_worker_restart={on_worker_restart!r}; expected 'rebuild' (run init_fn "
                 "again on a restarted worker) or 'lose' (report that worker's state lost)"
             )
-        if on_preemption == "save":
-            raise NotImplementedError(
-                "on_preemption='save' is not supported yet: a preempting worker refuses the "
-                "fetch that would save its state. Use on_preemption='rebuild' (the default) "
-                "and keep what must survive a preemption yourself: state.fetch() brings every "
-                "worker's value to the coordinator, and named state (name=...) survives a "
-                "coordinator restart"
-            )
         if on_preemption not in ON_PREEMPTION:
             raise ValueError(
                 f"on_preemption={on_preemption!r}; expected 'rebuild' (a preempted worker's "
                 "replacement runs init_fn) or 'save' (it starts from a copy fetched before "
                 "the notice's deadline)"
             )
+        if on_preemption == "save" and on_worker_restart != "rebuild":
+            raise ValueError(
+                f"on_preemption='save' with on_worker_restart={on_worker_restart!r}: a saved "
+                "copy is used when the preempted worker's state is built again, which "
+                "on_worker_restart='rebuild' asks for"
+            )
         if not isinstance(name, str):
             raise TypeError(f"name={name!r}; expected a str (or None for unnamed state)")
+        save = on_preemption == "save"
         resource = host.create_resource(
-            _StateInit(init_fn), rebuild=on_worker_restart == "rebuild", name=name
+            _StateInit(init_fn, save), rebuild=on_worker_restart == "rebuild", name=name
         )
         fn_name = getattr(init_fn, "__qualname__", type(init_fn).__qualname__)
         self = cls._from_resource(resource, host, f"device state from {fn_name}()")
         self._host = host
         self._name = name
         self._on_preemption = on_preemption
+        if save:
+            host.save_on_preemption(self)
         return self
+
+    @property
+    def description(self) -> str:
+        """What the state is, for log lines: its name, else ``init_fn``'s."""
+        return repr(self._name) if self._name else self._description
 
     @property
     def on_preemption(self) -> str:

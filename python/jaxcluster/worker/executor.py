@@ -17,6 +17,7 @@ than the run-to-run noise.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,9 @@ __all__ = ["Executor"]
 
 
 _INTERNAL = frozenset({__file__})
+
+#: How long a preempted worker whose notice gave no deadline waits for preemption saves.
+_SAVE_WAIT_WITHOUT_DEADLINE = 30.0
 _log = logging.getLogger("jaxcluster.worker")
 
 
@@ -71,19 +75,44 @@ class Executor:
         self._slice_check = slice_check
         self._functions = FunctionCache()
         self._resources = ResourceRegistry(worker_index)
+        # When a preempted worker stops waiting for preemption saves (seconds since the
+        # epoch), fixed the first time it waits.
+        self._save_until: float | None = None
         self.jobs_handled = 0
 
     def serve(self, poll_seconds: float = 0.5) -> None:
-        """Handles jobs until the server has begun shutting down and has none left."""
+        """Handles jobs until the server has begun shutting down and has none left.
+
+        A worker being preempted stays up after that while it holds
+        ``on_preemption="save"`` state no preemption save has read yet, until the
+        notice's deadline: its coordinators copy that state off it (see
+        ``coordinator/device_state.py``)."""
         while True:
             job = self._server.next_job(poll_seconds)
             if job is None and self._server.draining:
                 # Catch a job queued just before draining began (a resource release).
                 job = self._server.next_job(0.0)
                 if job is None:
-                    return
+                    left = self._save_window()
+                    if left <= 0.0:
+                        return
+                    job = self._server.next_job(min(poll_seconds, left), while_draining=True)
             if job is not None:
                 self.handle(job)
+
+    def _save_window(self) -> float:
+        """Seconds a draining worker still waits for preemption saves: until its notice's
+        deadline while some ``on_preemption="save"`` state was not read; 0 otherwise."""
+        if not self._resources.awaiting_preemption_save():
+            return 0.0
+        status = self._server.status()
+        if status.preemption_source is None:
+            return 0.0  # drained without a notice (SIGINT, a shutdown): nothing to save for
+        if self._save_until is None:
+            deadline = status.preemption_deadline
+            # A notice without a deadline: wait as long as a drain may take.
+            self._save_until = deadline or time.time() + _SAVE_WAIT_WITHOUT_DEADLINE
+        return self._save_until - time.time()
 
     def handle(self, job: Any) -> None:
         """Runs one job and answers it; a failure of the executor itself answers INTERNAL."""

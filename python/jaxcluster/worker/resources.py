@@ -181,6 +181,13 @@ class ResourceRegistry:
             del self._adopted[key]
         return len(keys)
 
+    def awaiting_preemption_save(self) -> int:
+        """How many values (device state created with ``on_preemption="save"``) no
+        preemption save has read yet: a preempted worker stays up for those reads."""
+        return sum(
+            1 for value in self._values.values() if getattr(value, "awaits_preemption_save", False)
+        )
+
     def held(self, session: str) -> SessionHeld:
         """What ``session`` holds now."""
         keys = [key for key in self._values if key[0] == session]

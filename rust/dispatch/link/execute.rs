@@ -13,6 +13,7 @@ use crate::dispatch::metrics::Counters;
 use crate::dispatch::resources::{ResourceInner, ResourceState};
 use crate::dispatch::result_cell::EncodedValue;
 use crate::dispatch::transport::WorkerTransport;
+use crate::log_target::DISPATCH;
 use crate::rpc::{pb, RpcError};
 
 /// Bound on sending a function payload (up to the message limit) to a worker.
@@ -134,10 +135,12 @@ impl<T: WorkerTransport> Link<T> {
                     return Ok(());
                 }
             }
+            let args = resource.build_args(self.index);
+            let from_copy = args.is_some();
             let request = pb::CreateResourceRequest {
                 resource_id: resource.id,
                 function_hash: resource.function.hash_bytes(),
-                args: None,
+                args,
                 worker_index: i64::try_from(self.index).ok(),
                 name: resource.name.clone(),
             };
@@ -154,6 +157,17 @@ impl<T: WorkerTransport> Link<T> {
                     ..
                 }) => {
                     resource.set_reattached(self.index, reattached);
+                    if from_copy && resource.take_build_args(self.index) {
+                        tracing::info!(
+                            target: DISPATCH,
+                            worker = self.address(),
+                            "per-worker value {} was rebuilt on worker {} ({}) from the copy \
+                             saved before its preemption; the copy is dropped",
+                            resource.id,
+                            self.index,
+                            self.address(),
+                        );
+                    }
                     if !resource.mark_ready(self.index) {
                         // Released while it was being built: drop it at once.
                         self.release_now(resource).await;

@@ -205,11 +205,19 @@ impl WorkerClient {
     }
 
     /// Runs a registered function; a closure that raised is `Ok` with `outcome = Error`.
+    /// A preemption save (`preemption_save`) always goes through `CallChunked`: its answer
+    /// is a worker's whole device state, which may be above any one message's limit.
     pub async fn run_closure(
         &self,
         request: pb::RunClosureRequest,
         timeout: Option<Duration>,
     ) -> Result<pb::RunClosureResponse, RpcError> {
+        if request.preemption_save {
+            return self
+                .callee
+                .call_chunked(&self.inner, "RunClosure", timeout, &request, open_chunked)
+                .await;
+        }
         self.callee
             .call_sized(
                 &self.inner,
