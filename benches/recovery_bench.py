@@ -250,6 +250,14 @@ class Filled:
         return {"w": np.full(self.mib * 1024 * 1024 // 4, 1.0, np.float32)}
 
 
+def set_two(state: Any) -> int:
+    """Runs on a worker: its state becomes 2.0 everywhere (``init_fn`` gives 1.0); its index."""
+    from jaxcluster.coordinator import get_current_worker_index
+
+    state.assign({"w": state.value["w"] * 0 + 2})
+    return get_current_worker_index()
+
+
 def last_of(state: Any) -> tuple[int, float]:
     """Runs on a worker: its index and the state's last element."""
     from jaxcluster.coordinator import get_current_worker_index
@@ -261,14 +269,19 @@ def preemption_state_saved(state_mib: int) -> dict[str, float]:
     """``state_mib`` MiB of ``on_preemption="save"`` state on 2 workers; SIGTERM (a notice,
     30 s grace) to worker 0. ``saved``: notice -> the copy on the coordinator (seconds);
     ``mb_s``: its rate; ``first_closure``: the replacement answering on its address -> its
-    first closure's result (its state built from the copy, sent back to it)."""
+    first closure's result (its state built from the copy, sent back to it: it reads the
+    2.0 a closure wrote before the notice, not ``init_fn``'s 1.0)."""
     from jaxcluster import LocalCluster
 
     here = os.path.dirname(os.path.abspath(__file__))
     env = {"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)}
     with LocalCluster(2, env=env) as cluster, cluster.coordinator() as coordinator:
         state = coordinator.create_per_worker_state(Filled(state_mib), on_preemption="save")
-        state.reattached  # noqa: B018 -- waits until every worker built its state
+        _wait(
+            lambda: 0 in coordinator.fetch([coordinator.schedule(set_two, args=(state,))]),
+            "worker 0's state set to 2.0",
+            300,
+        )
         pid = cluster.worker_pid(0)
         assert pid is not None
         noticed = time.monotonic()
@@ -287,8 +300,8 @@ def preemption_state_saved(state_mib: int) -> dict[str, float]:
 
         last = _wait(on_zero, "a closure on the replacement", 300)
         first_closure = time.monotonic() - serving
-        if last[0] != 1.0:
-            raise AssertionError(f"the replacement's state reads {last[0]}, not the copy's 1.0")
+        if last[0] != 2.0:
+            raise AssertionError(f"the replacement's state reads {last[0]}, not the copy's 2.0")
     return {
         "saved": saved,
         "mb_s": state_mib * 1024 * 1024 / 1e6 / saved,

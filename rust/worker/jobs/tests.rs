@@ -86,3 +86,31 @@ fn draining_hands_back_queued_closures_but_keeps_releases() {
     assert!(matches!(q.pop(Duration::ZERO), Pop::Drained));
     assert!(q.wait_idle(Duration::ZERO));
 }
+
+#[test]
+fn a_draining_queue_still_takes_preemption_saves_for_an_executor_that_waits_for_them() {
+    let q = queue();
+    assert!(q.begin_drain());
+    let session = SessionId::anonymous();
+    assert!(
+        q.push_as(&session, run_request(1)).is_err(),
+        "ordinary closures are refused"
+    );
+    // Nothing queued: a plain pop says drained at once, a waiting one times out empty.
+    assert!(matches!(q.pop(Duration::from_secs(5)), Pop::Drained));
+    assert!(matches!(
+        q.pop_while_draining(Duration::from_millis(1)),
+        Pop::Empty
+    ));
+    let mut save = q.push_preemption_save(&session, run_request(2)).unwrap();
+    let Pop::Job(job) = q.pop_while_draining(Duration::from_secs(5)) else {
+        panic!("the preemption save should be served while draining")
+    };
+    assert!(matches!(
+        job.request(),
+        JobRequest::Run { closure_id: 2, .. }
+    ));
+    job.reply_status(Status::internal("read"));
+    assert_eq!(save.try_recv().unwrap().unwrap_err().message(), "read");
+    assert!(matches!(q.pop(Duration::ZERO), Pop::Drained));
+}
