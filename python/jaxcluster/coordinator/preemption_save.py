@@ -176,8 +176,13 @@ class PreemptionSaver:
                 worker_index=worker,
                 preemption_save=True,
             )
-            if answer["error"] is not None:
-                raise RuntimeError(str(answer["error"]))
+            error = answer["error"]
+            if error is not None and error.kind == "input":
+                # No value there: the state was never built on that worker.
+                _log.info("%s was never built there: nothing to save", what)
+                return
+            if error is not None:
+                raise RuntimeError(str(error))
             size = len(answer["value"]) + sum(memoryview(b).nbytes for b in answer["buffers"])
             value = wire.decode(answer["value"], answer["buffers"])
             args, _ = _encoding.encode_args((value,), {}, resource_for)
