@@ -75,13 +75,14 @@ def on_worker(coordinator: Any, state: Any, worker: int, count: int = 8) -> list
     return [n for index, n in results if index == worker]
 
 
+@pytest.mark.parametrize("name", [None, "preemption-save-counter"])
 def test_a_preempted_worker_starts_again_from_the_copy_saved_before_its_deadline(
-    cluster: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    cluster: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str | None
 ) -> None:
     caplog.set_level(logging.INFO, logger="jaxcluster.coordinator")
     with cluster.coordinator() as coordinator:
         state = coordinator.create_per_worker_state(
-            counter_init(str(tmp_path)), on_preemption="save"
+            counter_init(str(tmp_path)), on_preemption="save", name=name
         )
         first = cluster.worker_pid(0)
         wait_until(lambda: on_worker(coordinator, state, 0), "a closure on worker 0")
@@ -98,6 +99,7 @@ def test_a_preempted_worker_starts_again_from_the_copy_saved_before_its_deadline
         wait_until(lambda: pid_gone(first), "worker 0 to exit once its state was saved")
         saved = [r.getMessage() for r in caplog.records if "saved device state" in r.getMessage()]
         assert len(saved) == 1 and "worker 0" in saved[0], saved
+        assert repr(name) in saved[0] if name else "counter_init" in saved[0]
 
         cluster.restart_worker(0)  # the replacement, on the same address
         second = cluster.worker_pid(0)
