@@ -245,8 +245,9 @@ class PerWorkerState(PerWorkerValues):
 
     @property
     def description(self) -> str:
-        """What the state is, for log lines: its name, else ``init_fn``'s."""
-        return repr(self._name) if self._name else self._description
+        """What the state is, for log lines: ``device state 'NAME'``, else ``device state
+        from INIT_FN()``."""
+        return f"device state {self._name!r}" if self._name else self._description
 
     @property
     def on_preemption(self) -> str:

@@ -148,7 +148,7 @@ class PreemptionSaver:
         def remaining() -> float | None:
             return None if not deadline else max(deadline - time.time(), 0.001)
 
-        what = f"device state {state.description} of worker {worker} ({address})"
+        what = f"{state.description} of worker {worker} ({address})"
         left = remaining()
         _log.info(
             "saving %s before its preemption deadline (%s s left)",
