@@ -286,9 +286,9 @@ def preemption_state_saved(state_mib: int) -> dict[str, float]:
         assert pid is not None
         noticed = time.monotonic()
         os.kill(pid, signal.SIGTERM)
-        _wait(lambda: coordinator.metrics()["state_saves"] >= 1, "the state's save", 300)
+        _wait(lambda: state.preemption_saves.saved >= 1, "the state's save", 300)
         saved = time.monotonic() - noticed
-        if coordinator.metrics()["state_saves_failed"]:
+        if state.preemption_saves.failed:
             raise AssertionError("the save failed")
         _wait(lambda: cluster.worker_pid(0) is None, "worker 0 to exit", 120)
         cluster.restart_worker(0)

@@ -19,6 +19,7 @@ import pytest
 
 from jaxcluster import LocalCluster
 from jaxcluster.coordinator import DeviceState
+from jaxcluster.coordinator.device_state import PreemptionSaves
 from support.closures import TESTS_DIR, local_cluster, wait_until
 from support.workers import pid_gone
 
@@ -67,6 +68,7 @@ def test_on_preemption_is_validated(cluster: Any) -> None:
         assert coordinator.create_per_worker_state(lambda: 0).on_preemption == "rebuild"
         saved = coordinator.create_per_worker_state(lambda: 0, on_preemption="save")
         assert saved.on_preemption == "save"
+        assert saved.preemption_saves == PreemptionSaves()
 
 
 def on_worker(coordinator: Any, state: Any, worker: int, count: int = 8) -> list[int]:
@@ -92,10 +94,9 @@ def test_a_preempted_worker_starts_again_from_the_copy_saved_before_its_deadline
 
         # The notice (SIGTERM; grace 30 s): the worker stays up until its state is copied.
         os.kill(first, signal.SIGTERM)
-        wait_until(lambda: coordinator.metrics()["state_saves"] == 1, "the state's save")
-        metrics = coordinator.metrics()
-        assert metrics["state_saves_failed"] == 0
-        assert metrics["state_saved_bytes"] > 0
+        wait_until(lambda: state.preemption_saves.saved == 1, "the state's save")
+        saves = state.preemption_saves
+        assert saves.failed == 0 and saves.bytes > 0
         wait_until(lambda: pid_gone(first), "worker 0 to exit once its state was saved")
         saved = [r.getMessage() for r in caplog.records if "saved device state" in r.getMessage()]
         assert len(saved) == 1 and "worker 0" in saved[0], saved
@@ -138,7 +139,7 @@ def test_a_save_the_deadline_cuts_short_falls_back_to_init_fn_with_a_warning(
         )
         assert "worker 0" in warning[0].getMessage()
         assert "counter_init.<locals>.init" in warning[0].getMessage()
-        assert coordinator.metrics()["state_saves_failed"] == 1
+        assert state.preemption_saves == PreemptionSaves(saved=0, failed=1, bytes=0)
         wait_until(lambda: pid_gone(first), "worker 0 to exit")
         short.restart_worker(0)
         second = short.worker_pid(0)

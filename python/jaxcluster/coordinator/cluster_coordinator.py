@@ -406,14 +406,12 @@ class ClusterCoordinator:
         ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
         failed on an unreachable parameter server, retried as transient or raised),
         ``functions_registered``, ``preemptions`` (notices workers announced, by source:
-        ``{"gce": 1}``), ``state_saves``/``state_saves_failed``/``state_saved_bytes``
-        (``on_preemption="save"`` copies taken off preempted workers), per-worker
-        ``workers`` (``index``, ``address``, ``state``, ``in_state_seconds``,
-        ``last_error`` and this coordinator's ``completed``/``failed``/``retried``/
-        ``failures`` on that worker) and the
+        ``{"gce": 1}``), per-worker ``workers`` (``index``, ``address``,
+        ``state``, ``in_state_seconds``, ``last_error`` and this coordinator's
+        ``completed``/``failed``/``retried``/``failures`` on that worker) and the
         ``latency`` histogram (schedule to result, seconds). All live: read when called,
         no RPC."""
-        return {**self._dispatcher.metrics().to_dict(), **self._saver.counts()}
+        return self._dispatcher.metrics().to_dict()
 
     @property
     def session_id(self) -> str:

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jaxcluster import errors
@@ -54,7 +55,7 @@ from jaxcluster.coordinator.remote_value import RemoteValueStatus
 if TYPE_CHECKING:
     from jaxcluster.coordinator._host import PerWorkerHost
 
-__all__ = ["DeviceState", "PerWorkerElement", "PerWorkerState"]
+__all__ = ["DeviceState", "PerWorkerElement", "PerWorkerState", "PreemptionSaves"]
 
 ON_WORKER_RESTART = ("rebuild", "lose")
 
@@ -165,6 +166,22 @@ def _save_state(state: DeviceState) -> Any:
     return state.value
 
 
+@dataclass(frozen=True)
+class PreemptionSaves:
+    """How often a state's value was copied off a preempted worker
+    (``PerWorkerState.preemption_saves``; ``on_preemption="save"``).
+
+    Example: ``state.preemption_saves.saved`` (1 after one worker's preemption)
+    """
+
+    #: Copies taken before the notice's deadline (each used by that worker's replacement).
+    saved: int = 0
+    #: Saves that could not finish in time: that worker's replacement ran ``init_fn``.
+    failed: int = 0
+    #: Bytes received by the saves, summed.
+    bytes: int = 0
+
+
 class PerWorkerElement:
     """One worker's element of a :class:`PerWorkerState`: its status and a fetch, like a
     TF ``RemoteValue`` of a per-worker resource."""
@@ -196,6 +213,8 @@ class PerWorkerState(PerWorkerValues):
     _name: str = ""
     _on_preemption: str = "rebuild"
     _reattached: bool | None = None
+    #: Replaced (never mutated) by the coordinator's ``PreemptionSaver``.
+    _saves: PreemptionSaves = PreemptionSaves()
 
     @classmethod
     def _create(
@@ -242,6 +261,13 @@ class PerWorkerState(PerWorkerValues):
         if save:
             host.save_on_preemption(self)
         return self
+
+    @property
+    def preemption_saves(self) -> PreemptionSaves:
+        """How often this state was copied off a preempted worker, how often that could
+        not finish before the deadline, and the bytes copied (``on_preemption="save"``;
+        all 0 otherwise). Each save also logs a line: INFO, or WARNING when it failed."""
+        return self._saves
 
     @property
     def description(self) -> str:

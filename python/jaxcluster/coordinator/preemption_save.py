@@ -15,13 +15,13 @@ memory until the index is next built: the replacement starts from it instead of 
 ``init_fn``, and the copy is dropped (``PerWorkerResource.set_build_args``). A save that
 fails (the worker vanished first, the deadline passed) leaves that worker to ``init_fn``,
 logged as a WARNING naming the state and the worker. Saves start and finish with an INFO
-line (bytes, seconds) and are counted in ``ClusterCoordinator.metrics()``.
+line (bytes, seconds) and are counted in ``PerWorkerState.preemption_saves``.
 
 Example::
 
     saver = PreemptionSaver(dispatcher, functions, connect=lambda address: client)
     saver.watch(state)   # from create_per_worker_state(..., on_preemption="save")
-    saver.counts()       # {"state_saves": 0, "state_saves_failed": 0, "state_saved_bytes": 0}
+    state.preemption_saves   # PreemptionSaves(saved=0, failed=0, bytes=0)
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jaxcluster import wire
@@ -67,9 +68,6 @@ class PreemptionSaver:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._saves = 0
-        self._failed = 0
-        self._bytes = 0
 
     def watch(self, state: PerWorkerState) -> None:
         """Saves ``state`` from every worker preempted from now on, while it is alive."""
@@ -81,15 +79,12 @@ class PreemptionSaver:
                 )
                 self._thread.start()
 
-    def counts(self) -> dict[str, int]:
-        """``state_saves`` (states copied off preempted workers), ``state_saves_failed``
-        (not copied before the deadline: rebuilt by ``init_fn``), ``state_saved_bytes``."""
+    def _count(self, state: PerWorkerState, saved: int = 0, failed: int = 0, size: int = 0) -> None:
         with self._lock:
-            return {
-                "state_saves": self._saves,
-                "state_saves_failed": self._failed,
-                "state_saved_bytes": self._bytes,
-            }
+            was = state._saves
+            state._saves = replace(
+                was, saved=was.saved + saved, failed=was.failed + failed, bytes=was.bytes + size
+            )
 
     def stop(self) -> None:
         """Stops watching (saves under way finish on their own threads). Idempotent."""
@@ -188,8 +183,7 @@ class PreemptionSaver:
             args, _ = _encoding.encode_args((value,), {}, resource_for)
             resource.set_build_args(worker, args.pickle, args.buffers)
         except Exception as exc:
-            with self._lock:
-                self._failed += 1
+            self._count(state, failed=1)
             _log.warning(
                 "%s was NOT saved before its preemption deadline (%s: %s); its replacement "
                 "builds it with init_fn, losing that worker's progress",
@@ -199,9 +193,7 @@ class PreemptionSaver:
             )
             return
         seconds = time.monotonic() - started
-        with self._lock:
-            self._saves += 1
-            self._bytes += size
+        self._count(state, saved=1, size=size)
         _log.info(
             "saved %s: %d bytes in %.2f s (%.0f MB/s); its replacement starts from the copy",
             what,
