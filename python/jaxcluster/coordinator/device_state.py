@@ -24,7 +24,7 @@ restarted on its address, or replaced), its value is built from the copy instead
 ``init_fn`` (put on the default device, as ``assign`` does), and the copy is dropped. A
 save that cannot finish before the deadline (the worker vanished first) leaves that worker
 to ``init_fn``, with a WARNING naming the state and the worker: progress is never lost
-quietly. Other workers are not affected.
+quietly. Other workers are not affected; ``state.preemption_saves`` counts the saves.
 
 Example::
 
