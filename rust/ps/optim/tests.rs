@@ -225,13 +225,13 @@ fn in_place_and_decoded_updates_are_the_same_bits() {
         }
         for ((t, d), s) in typed.iter().zip(&decoded).zip(&shifted) {
             assert_eq!(t, d, "{:?}", o.rule);
-            assert_eq!(&t[..], &s[1..n + 1], "{:?}", o.rule);
+            assert_eq!(&t[..], &s[1..=n], "{:?}", o.rule);
         }
         assert_ne!(typed[0], bytes, "{:?}", o.rule);
     }
     let n = 3 * CHUNK + 5;
     let values: Vec<f64> = (0..n)
-        .map(|i| ((i * 7919) % 1000) as f64 / 500.0 - 1.0)
+        .map(|i| f64::from(((i * 7919) % 1000) as u16) / 500.0 - 1.0)
         .collect();
     let bf16s: Vec<u8> = values
         .iter()
