@@ -272,10 +272,51 @@ impl Optimizer {
         });
     }
 
-    /// Decodes, steps and encodes back [`CHUNK`] elements at a time: each buffer is read
-    /// and written once per update, with no copy of the whole variable, its slots or its
-    /// (widened) gradient.
+    /// One part of an update: in place when the variable and its slots are typed memory of
+    /// the compute type ([`Stored::typed`]: float32 and float64 on a little-endian machine,
+    /// aligned), else through scratch buffers ([`Optimizer::apply_decoded`]).
     fn apply_range<S: Stored<T>, T: Real>(
+        &self,
+        done: u64,
+        param: &mut [u8],
+        grad: &Gradient<'_>,
+        slots: &mut [&mut [u8]],
+    ) {
+        let typed: Option<Vec<&mut [T]>> = slots.iter_mut().map(|s| S::typed(s)).collect();
+        if let (Some(mut typed), Some(param)) = (typed, S::typed(param)) {
+            return self.apply_typed::<S, T>(done, param, grad, &mut typed);
+        }
+        self.apply_decoded::<S, T>(done, param, grad, slots);
+    }
+
+    /// Steps typed memory in place, [`CHUNK`] elements at a time: only the gradient is
+    /// decoded (its bytes sit at any offset in the request, so they are not aligned), into
+    /// a scratch buffer that stays in cache. The variable and its slots are read and written
+    /// once each, with no copy: the update's memory traffic is the rule's own.
+    fn apply_typed<S: Stored<T>, T: Real>(
+        &self,
+        done: u64,
+        param: &mut [T],
+        grad: &Gradient<'_>,
+        slots: &mut [&mut [T]],
+    ) {
+        let lr = T::of(self.learning_rate.at(done));
+        let mut g = Vec::with_capacity(CHUNK);
+        let mut start = 0;
+        while start < param.len() {
+            let items = start..(start + CHUNK).min(param.len());
+            S::decode_gradient(grad, items.clone(), &mut g);
+            let mut views: Vec<&mut [T]> =
+                slots.iter_mut().map(|s| &mut s[items.clone()]).collect();
+            self.rule_step(lr, done, &mut param[items.clone()], &g, &mut views);
+            start = items.end;
+        }
+    }
+
+    /// Decodes, steps and encodes back [`CHUNK`] elements at a time (stored types that are
+    /// not the compute type, or unaligned memory): each buffer is read and written once per
+    /// update, with no copy of the whole variable, its slots or its (widened) gradient.
+    fn apply_decoded<S: Stored<T>, T: Real>(
         &self,
         done: u64,
         param: &mut [u8],
@@ -295,7 +336,8 @@ impl Optimizer {
             for (values, bytes) in s.iter_mut().zip(slots.iter()) {
                 S::decode_into(&bytes[range.clone()], values);
             }
-            self.rule_step(lr, done, &mut p, &g, &mut s);
+            let mut views: Vec<&mut [T]> = s.iter_mut().map(Vec::as_mut_slice).collect();
+            self.rule_step(lr, done, &mut p, &g, &mut views);
             S::encode(&p, &mut param[range.clone()]);
             for (values, bytes) in s.iter().zip(slots.iter_mut()) {
                 S::encode(values, &mut bytes[range.clone()]);
@@ -304,8 +346,8 @@ impl Optimizer {
         }
     }
 
-    fn rule_step<T: Real>(&self, lr: T, done: u64, p: &mut [T], g: &[T], s: &mut [Vec<T>]) {
-        let mut rest = s.iter_mut().map(Vec::as_mut_slice);
+    fn rule_step<T: Real>(&self, lr: T, done: u64, p: &mut [T], g: &[T], s: &mut [&mut [T]]) {
+        let mut rest = s.iter_mut().map(|slot| &mut **slot);
         let mut next = || rest.next().unwrap_or_default();
         match self.rule {
             Rule::Sgd { momentum, nesterov } => {
@@ -351,7 +393,7 @@ impl Optimizer {
 
 /// Elements an update decodes at a time: the chunk of the variable, its gradient and its
 /// slots stays in cache between decoding, stepping and encoding.
-const CHUNK: usize = 4096;
+const CHUNK: usize = 1024;
 
 /// Fewest elements of a part stepped on a thread of its own (1 MiB of float32).
 const PART_ELEMENTS: usize = 1 << 18;
@@ -365,6 +407,13 @@ trait Stored<T>: Sized {
     /// Replaces the contents of `out` with the values in `bytes`.
     fn decode_into(bytes: &[u8], out: &mut Vec<T>);
     fn encode(values: &[T], out: &mut [u8]);
+    /// `bytes` as values of the compute type in place, when they are that type's memory:
+    /// this type is the compute type, the machine is little-endian (the wire's and the
+    /// store's byte order) and `bytes` is aligned for it. `None` otherwise.
+    fn typed(bytes: &mut [u8]) -> Option<&mut [T]> {
+        let _ = bytes;
+        None
+    }
     /// A float64 rounded to this stored type, as the compute type.
     fn round(value: f64) -> T;
     /// Replaces the contents of `out` with elements `items` of `grad` as this stored type
@@ -404,13 +453,28 @@ trait Stored<T>: Sized {
 }
 
 macro_rules! stored {
+    ($s:ty, $t:ty, $to:expr, $from:expr, $round:expr, typed) => {
+        stored!($s, $t, $to, $from, $round, {
+            fn typed(bytes: &mut [u8]) -> Option<&mut [$t]> {
+                if cfg!(target_endian = "little") {
+                    <[$t] as zerocopy::FromBytes>::mut_from_bytes(bytes).ok()
+                } else {
+                    None
+                }
+            }
+        });
+    };
     ($s:ty, $t:ty, $to:expr, $from:expr, $round:expr) => {
+        stored!($s, $t, $to, $from, $round, {});
+    };
+    ($s:ty, $t:ty, $to:expr, $from:expr, $round:expr, { $($typed:tt)* }) => {
         impl Stored<$t> for $s {
             const SIZE: usize = std::mem::size_of::<$s>();
             #[inline]
             fn round(value: f64) -> $t {
                 $round(value)
             }
+            $($typed)*
             fn decode_into(bytes: &[u8], out: &mut Vec<$t>) {
                 out.clear();
                 out.extend(bytes.chunks_exact(Self::SIZE).map(|c| {
@@ -429,8 +493,8 @@ macro_rules! stored {
     };
 }
 
-stored!(f32, f32, |x| x, |x| x, |v: f64| v as f32);
-stored!(f64, f64, |x| x, |x| x, |v: f64| v);
+stored!(f32, f32, |x| x, |x| x, |v: f64| v as f32, typed);
+stored!(f64, f64, |x| x, |x| x, |v: f64| v, typed);
 stored!(f16, f32, f16::to_f32, f16::from_f32, |v| f16::from_f64(v)
     .to_f32());
 stored!(bf16, f32, bf16::to_f32, bf16::from_f32, |v| bf16::from_f64(

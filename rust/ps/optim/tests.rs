@@ -196,3 +196,87 @@ fn a_large_variable_stepped_in_parts_matches_one_pass() {
     assert!(p1 == p2 && m1 == m2 && v1 == v2);
     assert_ne!(p1, le32(&values));
 }
+
+/// Every rule, in float32 and float64, with a gradient as sent and compressed: stepping
+/// typed memory in place gives the bits of stepping through scratch buffers, and memory
+/// that is not aligned for the type takes the scratch path.
+#[test]
+fn in_place_and_decoded_updates_are_the_same_bits() {
+    use pb::optimizer_spec::Kind;
+    fn run<S: Stored<T>, T: Real>(o: &Optimizer, bytes: &[u8], grad: &Gradient<'_>) {
+        let n = bytes.len();
+        let slots = o.slots().len();
+        // One byte of room so that a copy can sit one byte off its alignment.
+        let mut typed: Vec<Vec<u8>> = (0..=slots).map(|_| bytes.to_vec()).collect();
+        let mut decoded = typed.clone();
+        let mut shifted: Vec<Vec<u8>> = (0..=slots).map(|_| [&[0u8][..], bytes].concat()).collect();
+        assert!(S::typed(&mut typed[0]).is_some());
+        assert!(S::typed(&mut shifted[0][1..]).is_none());
+        for done in 0..3 {
+            let (p, s) = typed.split_first_mut().unwrap();
+            let mut s: Vec<&mut [u8]> = s.iter_mut().map(Vec::as_mut_slice).collect();
+            o.apply_range::<S, T>(done, p, grad, &mut s);
+            let (p, s) = decoded.split_first_mut().unwrap();
+            let mut s: Vec<&mut [u8]> = s.iter_mut().map(Vec::as_mut_slice).collect();
+            o.apply_decoded::<S, T>(done, p, grad, &mut s);
+            let (p, s) = shifted.split_first_mut().unwrap();
+            let mut s: Vec<&mut [u8]> = s.iter_mut().map(|b| &mut b[1..]).collect();
+            o.apply_range::<S, T>(done, &mut p[1..], grad, &mut s);
+        }
+        for ((t, d), s) in typed.iter().zip(&decoded).zip(&shifted) {
+            assert_eq!(t, d, "{:?}", o.rule);
+            assert_eq!(&t[..], &s[1..=n], "{:?}", o.rule);
+        }
+        assert_ne!(typed[0], bytes, "{:?}", o.rule);
+    }
+    let n = 3 * CHUNK + 5;
+    let values: Vec<f64> = (0..n)
+        .map(|i| f64::from(((i * 7919) % 1000) as u16) / 500.0 - 1.0)
+        .collect();
+    let bf16s: Vec<u8> = values
+        .iter()
+        .flat_map(|&v| half::bf16::from_f64(v * 0.3).to_le_bytes())
+        .collect();
+    let int8s: Vec<u8> = (0..n).map(|i| (i % 255) as u8).collect();
+    let mut specs = Vec::new();
+    for kind in [
+        Kind::Sgd,
+        Kind::Adam,
+        Kind::Adamw,
+        Kind::Rmsprop,
+        Kind::Adagrad,
+    ] {
+        let mut plain = spec(kind, 0.01);
+        plain.weight_decay = 0.004;
+        plain.initial_accumulator_value = 0.1;
+        let mut fancy = plain.clone();
+        fancy.momentum = 0.9;
+        fancy.nesterov = true;
+        fancy.centered = true;
+        specs.extend([plain, fancy]);
+    }
+    for spec in &specs {
+        let o = Optimizer::from_pb(Some(spec)).unwrap();
+        let f32s: Vec<u8> = values
+            .iter()
+            .flat_map(|&v| (v as f32).to_le_bytes())
+            .collect();
+        let f64s: Vec<u8> = values.iter().flat_map(|&v| v.to_le_bytes()).collect();
+        let g32: Vec<u8> = values
+            .iter()
+            .rev()
+            .flat_map(|&v| (v as f32).to_le_bytes())
+            .collect();
+        let g64: Vec<u8> = values.iter().rev().flat_map(|&v| v.to_le_bytes()).collect();
+        let int8 = Gradient::Int8 {
+            data: &int8s,
+            scale: 0.01,
+        };
+        for grad in [Gradient::Same(&g32), Gradient::Bf16(&bf16s), int8] {
+            run::<f32, f32>(&o, &f32s, &grad);
+        }
+        for grad in [Gradient::Same(&g64), Gradient::Bf16(&bf16s), int8] {
+            run::<f64, f64>(&o, &f64s, &grad);
+        }
+    }
+}
