@@ -30,9 +30,19 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
             return Err(TryPutError::Full(item));
         }
         state.queue.push_back(item);
-        let wake = Signals::has_sleepers(&state, Signal::NotEmpty).then_some(Signal::NotEmpty);
+        // Decided under the lock, done after it. Only a thread asleep on the condvar is
+        // woken through it: notifying a futex condvar is a system call even with nobody
+        // asleep, and the coordinator's getters are its links, async tasks that sleep on
+        // the `Notify` (one futex call per `schedule()` saved).
+        let threads = state.sleepers.getters > 0;
+        let wake = Signals::has_sleepers(&state, Signal::NotEmpty);
         drop(state);
-        self.wake_one(wake);
+        if threads {
+            self.signals.condvar(Signal::NotEmpty).notify_one();
+        }
+        if wake {
+            self.signals.not_empty_async().notify_one();
+        }
         Ok(())
     }
 

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::alarm::earliest;
 use super::execute::Verdict;
 use super::outstanding::Sent;
 use super::{until_stopped, Link};
@@ -25,6 +26,9 @@ enum Event {
     Silent(Duration),
     /// The worker's preemption deadline passed with closures outstanding.
     Preempted,
+    /// The timer fired before any deadline was due (a timer's tick is coarser than an
+    /// `Instant`); nothing to do.
+    Early,
 }
 
 impl<T: WorkerTransport> Link<T> {
@@ -53,20 +57,37 @@ impl<T: WorkerTransport> Link<T> {
             return;
         };
         let reclaim = self.slot.reclaim_requested();
+        // One kept timer for the four deadlines (`alarm.rs` says why); which one is due is
+        // read when it fires, in the order a `biased` select of four timers would take.
+        let wake_at = earliest(&[deadline, silent_at, ping_at, preempted_at]);
+        let alarm = &mut self.alarm;
         let event = until_stopped(&self.stop, async {
             tokio::select! {
                 biased;
                 answers = channel.next() => Event::Answers(answers),
                 () = reclaim => Event::Reclaim,
-                () = sleep_until(deadline) => Event::TimedOut,
-                () = sleep_until(silent_at) => Event::Silent(heartbeat.unwrap_or_default()),
-                () = sleep_until(ping_at) => Event::Ping,
-                () = sleep_until(preempted_at) => Event::Preempted,
+                () = alarm.until(wake_at) => {
+                    let now = Instant::now();
+                    let due = |at: Option<Instant>| at.is_some_and(|at| at <= now);
+                    if due(deadline) {
+                        Event::TimedOut
+                    } else if due(silent_at) {
+                        Event::Silent(heartbeat.unwrap_or_default())
+                    } else if due(ping_at) {
+                        Event::Ping
+                    } else if due(preempted_at) {
+                        Event::Preempted
+                    } else {
+                        Event::Early
+                    }
+                }
             }
         })
         .await;
         match event {
             None => self.abandon(),
+            // Nothing due yet: the caller waits again.
+            Some(Event::Early) => {}
             Some(Event::Ping) => self.ping(),
             Some(Event::Preempted) => self.preemption_deadline_passed(),
             Some(Event::Silent(timeout)) => {
@@ -228,13 +249,5 @@ impl<T: WorkerTransport> Link<T> {
             self.finish(sent.closure, Err(failure.clone()));
         }
         self.publish(0);
-    }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-        None => std::future::pending().await,
     }
 }

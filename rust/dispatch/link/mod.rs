@@ -11,7 +11,8 @@
 //! - `pipeline.rs`: the `RunClosures` stream and the closures outstanding on it (the
 //!   `Pipeline`), how many a link may have, letting them go; its concerns in three files:
 //!   - `stream.rs`: opening the stream, sending closures on it;
-//!   - `answers.rs`: reading answers, settling closures by them, a failed stream;
+//!   - `answers.rs`: reading answers, settling closures by them, a failed stream (its
+//!     waits share one kept timer, `alarm.rs`);
 //!   - `top_up.rs`: taking work idle or more while busy, reclaiming.
 //! - `outstanding.rs`: what is outstanding on the stream, and its arguments' bytes.
 //! - `balance.rs`: `Balance`, the counters and flags links share so that
@@ -26,6 +27,7 @@
 //! Per-worker resource work (builds, releases) is served only when nothing is
 //! outstanding, one item at a time, as before pipelining.
 
+mod alarm;
 mod answers;
 pub(crate) mod balance;
 mod execute;
@@ -117,6 +119,8 @@ pub(crate) struct Link<T> {
     versions: VersionCheck,
     /// The preemption notice of the worker process last seen, once it sent one.
     notice: Option<preemption::Noticed>,
+    /// The one timer of the waits for answers, kept across them (`alarm.rs`).
+    alarm: alarm::Alarm,
 }
 
 impl<T: WorkerTransport> Link<T> {
@@ -150,6 +154,7 @@ impl<T: WorkerTransport> Link<T> {
             doomed: Vec::new(),
             versions: VersionCheck::default(),
             notice: None,
+            alarm: alarm::Alarm::default(),
         }
     }
 
