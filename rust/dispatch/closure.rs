@@ -88,6 +88,7 @@ impl Closure {
             args,
             closure_id: self.id(),
             worker_index: i64::try_from(worker).ok(),
+            keep_result_id: None,
         }
     }
 
