@@ -321,3 +321,16 @@ def test_an_in_process_server_answers_reads_from_its_reader() -> None:
         server.shutdown(timeout=5.0)
         reader.stop()
     assert server.reads_closed
+
+
+def test_a_kept_numpy_array_is_lent_read_only_not_copied() -> None:
+    from jaxcluster.worker.kept import lend
+
+    made = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "odd": np.arange(4)[::2]}
+    kept = lend(made)
+    np.testing.assert_array_equal(kept["x"], made["x"])
+    assert not kept["x"].flags.writeable
+    assert np.shares_memory(kept["x"], made["x"])  # the same memory, lent
+    assert kept["odd"] is made["odd"]  # not contiguous: kept as it is
+    encoded = wire.encode(kept, zero_copy=True)
+    assert type(encoded.buffers[0]) is core.Buffer  # lent to the server, not copied

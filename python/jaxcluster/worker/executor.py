@@ -25,7 +25,7 @@ from jaxcluster._native import core
 from jaxcluster.worker.context import swap_current_index
 from jaxcluster.worker.failures import describe_exception
 from jaxcluster.worker.functions import FunctionCache, FunctionLoadError
-from jaxcluster.worker.kept import KeptInputs, ValueReader, kept_info
+from jaxcluster.worker.kept import KeptInputs, ValueReader, kept_info, lend
 from jaxcluster.worker.resources import ResourceInputError, ResourceRegistry
 from jaxcluster.worker.slice import broken, gather_output
 
@@ -232,7 +232,7 @@ class Executor:
     def _keep(self, job: Any, value_id: int, result: Any) -> wire.KeptInfo:
         """Keeps ``result`` as ``value_id`` of the job's session; what to answer instead."""
         info = kept_info(result)
-        self._resources.put(job.session, value_id, result, kept=True)
+        self._resources.put(job.session, value_id, lend(result), kept=True)
         self._report(job.session)
         return info
 
