@@ -11,6 +11,7 @@ use super::*;
 use crate::rpc::{content_hash, ClientConfig, RpcError, WorkerClient};
 
 mod leases;
+mod reads;
 mod streams;
 
 const TOKEN: &str = "test-token";
