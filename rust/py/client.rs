@@ -185,6 +185,7 @@ impl PyWorkerClient {
             closure_id,
             // None: the worker's own --index (a slice's rank 0 passes on the coordinator's).
             worker_index,
+            keep_result_id: None,
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.run_closure(request, timeout))?;

@@ -135,6 +135,7 @@ fn run_request(hash: &[u8], args: &'static [u8]) -> pb::RunClosureRequest {
         }),
         closure_id: 42,
         worker_index: None,
+        keep_result_id: None,
     }
 }
 
