@@ -59,6 +59,11 @@ _WORKERS_STATUS_TIMEOUT_SECONDS = 1.0
 _log = logging.getLogger("jaxcluster.coordinator")
 
 
+def _name_of(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else ""
+
+
 class ClusterCoordinator:
     """Schedules functions to run on the ``worker`` job of a cluster (TF semantics).
 
@@ -340,7 +345,7 @@ class ClusterCoordinator:
         self._worker_facts.check(function)
         self._host.register(function, fn)
         cell = self._dispatcher.schedule(function.function_hash, pickled, buffers, resources)
-        return RemoteValue(cell, self._ref, function.origin)
+        return RemoteValue(cell, self._ref, function.origin, None, _name_of(fn))
 
     def join(self, timeout: float | None = None, *, progress: bool = False) -> bool:
         """Waits until every scheduled closure has ended; ``False`` if ``timeout`` passed.

@@ -458,7 +458,7 @@ class Tracker:
         return best if self._dispatcher.worker_free(best) else None
 
 
-def _KeptRef(value_id: int, holder: str) -> Any:  # noqa: N802 (stands for the class)
+def _KeptRef(value_id: int, holder: str) -> Any:
     """``wire.KeptRef``, which the worker side defines (the ignore covers a tree without)."""
     return wire.KeptRef(value_id, holder)  # type: ignore[attr-defined,unused-ignore]
 

@@ -63,6 +63,7 @@ class RemoteValue:
         "_error",
         "_generation",
         "_lock",
+        "_name",
         "_node",
         "_origin",
         "_value",
@@ -74,6 +75,7 @@ class RemoteValue:
         coordinator: Callable[[], Any] | None = None,
         origin: str = "",
         node: Any = None,
+        name: str = "",
     ) -> None:
         self._cell = cell
         # A weak reference to the coordinator (called, it gives the coordinator or None),
@@ -89,6 +91,8 @@ class RemoteValue:
         # (each re-make a new generation, so what was decoded is decoded again).
         self._node = node
         self._generation = 0
+        # The function's name, for errors naming this closure as a failed input.
+        self._name = name
 
     @property
     def status(self) -> RemoteValueStatus:
