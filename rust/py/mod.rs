@@ -19,6 +19,7 @@ mod ps;
 mod queue;
 mod record;
 mod status;
+mod value_reads;
 mod worker;
 
 /// Registers every binding on the `_core` module.
@@ -29,6 +30,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorkerServer>()?;
     m.add_class::<ps::optim::PyOptimizerSpec>()?;
     m.add_class::<worker::PyWorkerJob>()?;
+    m.add_class::<value_reads::PyValueRead>()?;
     m.add_class::<client::PyWorkerClient>()?;
     device::register(m)?;
     m.add_class::<queue::PyClosureQueue>()?;
