@@ -289,8 +289,8 @@ class Tracker:
         """A node's Rust cell settled: final, or a lost kept input to re-make first."""
         result = node.cell._cell.result()
         kind = getattr(result, "kind", None)
-        if kind == core.ErrorKind.INPUT and result.resource_id is not None:
-            lost = self._kept_input(node, int(result.resource_id))
+        if kind == core.ErrorKind.INPUT:
+            lost = self._kept_input(node, result.resource_id, str(result.message))
             if lost is not None and node.input_failures < self._max_remakes:
                 node.input_failures += 1
                 _log.info(
@@ -323,10 +323,16 @@ class Tracker:
                 return
         node.cell.finish()
 
-    def _kept_input(self, node: Node, value_id: int) -> Node | None:
+    def _kept_input(self, node: Node, value_id: int | None, message: str) -> Node | None:
+        """The kept input an input error is about: by its ``resource_id``, or (a worker
+        that did not set it) by the message naming the kept value's id."""
         for producer in node.producers:
             source = self._node_of(producer)
-            if source is not None and source.value_id == value_id:
+            if source is None or not source.keep or source.value_id is None:
+                continue
+            if value_id is not None and source.value_id == value_id:
+                return source
+            if value_id is None and f"kept value {source.value_id} " in message:
                 return source
         return None
 
