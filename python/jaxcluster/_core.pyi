@@ -1442,8 +1442,12 @@ class Dispatcher:
         args: bytes,
         buffers: Sequence[_BytesLike],
         resources: Sequence[PerWorkerResource],
+        *,
+        keep_result_id: int | None = None,
     ) -> ResultCell:
-        """Queues a closure of a registered function: ``args`` is the pickled
+        """With ``keep_result_id`` (from :meth:`new_resource_id`) the worker keeps the
+        result under that id and answers only its ``wire.KeptInfo`` (dataflow).
+        Queues a closure of a registered function: ``args`` is the pickled
         ``(args, kwargs)`` (empty for none), ``buffers`` its out-of-band buffers
         (``bytes`` and ``Buffer`` sent without a copy, other bytes-like objects copied
         once, so changing them later changes nothing), ``resources`` the per-worker
@@ -1529,6 +1533,8 @@ class Dispatcher:
         args: bytes,
         buffers: Sequence[_BytesLike],
         resources: Sequence[PerWorkerResource],
+        *,
+        keep_result_id: int | None = None,
     ) -> ResultCell:
         """Queues a closure of a registered function for worker ``worker`` alone; returns
         its cell at once. It runs after what was queued for that worker before (e.g. a
@@ -1543,6 +1549,23 @@ class Dispatcher:
             cell = dispatcher.schedule_on(0, read_hash, pickled, [], [resource])
             cell.wait(timeout=10.0)
         """
+
+    # --- dataflow: kept results ---
+
+    def new_resource_id(self) -> int:
+        """A fresh id from the counter per-worker resources use: what a kept result is
+        stored under on its worker (one id space with the session's resources)."""
+
+    def release_value(self, worker: int, value_id: int) -> None:
+        """Asks worker ``worker`` to drop kept value ``value_id`` (queued behind what is
+        queued for that worker; nothing is sent to a worker out of service)."""
+
+    def worker_free(self, worker: int) -> bool:
+        """Whether worker ``worker`` is up, not preempting, and has nothing outstanding or
+        queued for it alone (dataflow places a consumer on its input's worker only then)."""
+
+    def failure_pending(self) -> bool:
+        """Whether a closure error is pending under ``cancel_all`` (not raised yet)."""
 
     def wait_reported(self, timeout: float | None = None) -> bool:
         """Waits (GIL released, interruptibly) until some worker not removed has reported
@@ -1588,6 +1611,36 @@ class ResultCell:
         """The closure's value, or the :class:`ClosureError` of its failure or
         cancellation (``kind`` ``'user'``, ``'input'``, ``'infrastructure'`` or
         ``'cancelled'``). ``RuntimeError`` while NOT_READY."""
+
+    @property
+    def worker(self) -> int | None:
+        """The index of the worker whose answer settled the cell with a value (where a
+        kept result lives), or ``None`` (not ended, cancelled, or failed)."""
+
+    def watch(self, watch: CellWatch) -> None:
+        """Has ``watch`` told this cell's ``closure_id`` when it settles (at once if it
+        has)."""
+
+@final
+class CellWatch:
+    """One waiter told when any of many :class:`ResultCell` s settles (dataflow's
+    dependency tracker sleeps on it instead of a thread per producer).
+
+    Example::
+
+        watch = CellWatch()
+        cell.watch(watch)
+        settled_ids = watch.wait(timeout=1.0)   # [cell.closure_id] once it ended
+    """
+
+    def __init__(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> list[int]:
+        """Waits (GIL released, Ctrl-C interruptible) until a watched cell settled,
+        :meth:`wake` was called or ``timeout`` seconds passed; returns the closure ids
+        settled since the last wait (empty when woken or timed out)."""
+
+    def wake(self) -> None:
+        """Makes the current or next :meth:`wait` return at once."""
 
 @final
 class PerWorkerResource:

@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 
 mod blocking;
 mod buffer;
+mod cell_watch;
 mod client;
 mod convert;
 mod device;
@@ -35,6 +36,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::PyClosureQueue>()?;
     m.add_class::<dispatch::PyDispatcher>()?;
     m.add_class::<dispatch::PyResultCell>()?;
+    m.add_class::<cell_watch::PyCellWatch>()?;
     m.add_class::<dispatch::PyPerWorkerResource>()?;
     m.add_class::<buffer::PyBuffer>()?;
     m.add_class::<outcome::PyEncodedValue>()?;
