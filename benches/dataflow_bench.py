@@ -229,7 +229,7 @@ def bench_coordinator(cluster: Any, echo: EchoClient, reps: int, chain_mib: int)
     if "keep_result" not in inspect.signature(ClusterCoordinator.schedule).parameters:
         print("\ncoordinator driver skipped: ClusterCoordinator.schedule has no keep_result")
         return
-    coordinator = ClusterCoordinator(cluster.resolver)
+    coordinator = ClusterCoordinator(cluster.resolver, auth_token=cluster.auth_token)
     m = chain_mib * MiB // 4
     stages = 10
 
@@ -253,15 +253,23 @@ def bench_coordinator(cluster: Any, echo: EchoClient, reps: int, chain_mib: int)
         assert result == m * (1 + stages), result
         return took
 
-    kept, through = [], []
+    w = Workers(cluster)
+    kept, through, kept_bytes = [], [], []
     for _ in range(max(1, reps // 3)):
+        before = w.counters()
         kept.append(kept_chain())
+        after = w.counters()
+        kept_bytes.append(
+            (after["coordinator"] - before["coordinator"], after["peer"] - before["peer"])
+        )
         through.append(resend())
+    coordinator_bytes, peer_bytes = kept_bytes[-1]
     print(f"\ncoordinator: {stages}-stage chain of {chain_mib} MiB values")
     print(
         f"  keep_result=True: {median_ms(kept):.0f} ms = "
         f"{median_ms(kept) / median_ms(through):.2f}x fetch-and-resend "
-        f"({median_ms(through):.0f} ms)"
+        f"({median_ms(through):.0f} ms); coordinator bytes {coordinator_bytes}, worker to "
+        f"worker {peer_bytes / MiB:.1f} MiB"
     )
     coordinator.shutdown()
 
