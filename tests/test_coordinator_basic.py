@@ -65,11 +65,20 @@ def test_many_async_schedules_then_join(coordinator: ClusterCoordinator) -> None
     assert coordinator.metrics()["completed"] - before >= 500
 
 
-def test_a_remote_value_as_input_is_a_value_error(coordinator: ClusterCoordinator) -> None:
+def test_a_remote_value_as_input_is_its_result(coordinator: ClusterCoordinator) -> None:
+    # Dataflow (issue 26): where TF raises ValueError, the consumer receives the result.
     rv = coordinator.schedule(lambda: 1)
-    with pytest.raises(ValueError, match="RemoteValue was passed as an argument"):
-        coordinator.schedule(lambda x: x, args=({"nested": [rv]},))
+    consumer = coordinator.schedule(lambda x: x["nested"][0] + 1, args=({"nested": [rv]},))
+    assert consumer.fetch() == 2
     assert rv.fetch() == 1
+
+    class Box:
+        def __init__(self, value: object) -> None:
+            self.value = value
+
+    # Inside an object dataflow does not look into, it is still refused, saying why.
+    with pytest.raises(ValueError, match="not a tuple, list or dict"):
+        coordinator.schedule(lambda x: x, args=(Box(rv),))
 
 
 def test_bad_schedule_arguments_are_rejected(coordinator: ClusterCoordinator) -> None:

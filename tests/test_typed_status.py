@@ -50,6 +50,10 @@ REPORT_KEYS = [
     "preemption_detail",
     "sessions",
     "state_ttl_seconds",
+    "peer_bytes_sent",
+    "peer_bytes_received",
+    "peer_reads_served",
+    "peer_pulls",
 ]
 #: What ``Dispatcher.worker_statuses()`` added to a worker's report, in order.
 LINK_KEYS = [

@@ -293,6 +293,18 @@ class WorkerReport:
     def state_ttl_seconds(self) -> float:
         """How long a vanished session's values are kept (``--state-ttl``)."""
 
+    @property
+    def peer_bytes_sent(self) -> int:
+        """(Dataflow.) Bytes of kept values read from this worker (``ReadValue``)."""
+
+    @property
+    def peer_bytes_received(self) -> int:
+        """(Dataflow.) Bytes of kept values this worker pulled from other workers."""
+
+    @property
+    def peer_reads_served(self) -> int: ...
+    @property
+    def peer_pulls(self) -> int: ...
     def to_dict(self) -> dict[str, Any]:
         """The plain dict (for JSON, Prometheus and callers written against it)."""
 
@@ -798,11 +810,15 @@ class WorkerServer:
         slice_rank: int | None = None,
         slice_size: int | None = None,
         state_ttl: float = 3600.0,
+        peer_tls_ca: bytes | None = None,
+        peer_tls_domain: str | None = None,
     ) -> Self:
         """Binds ``address`` (port 0 picks a free port) and starts serving.
 
         ``state_ttl``: seconds a session's values are kept after its last connection
-        closed without ``EndSession`` (0: released at once).
+        closed without ``EndSession`` (0: released at once). ``peer_tls_ca`` (PEM) and
+        ``peer_tls_domain``: how :meth:`pull_value` verifies other workers (plaintext
+        without a CA); the server's own ``auth_token`` is what it sends them.
 
 
         Raises ``ValueError`` for a bad setting, including a non-loopback address without
@@ -876,6 +892,63 @@ class WorkerServer:
         """How long closures ran on this worker (the executor taking one to its answer),
         as a histogram like ``Dispatcher.metrics().latency``."""
 
+    def next_read(self, timeout: float | None = None) -> ValueRead | None:
+        """(Dataflow.) The next ``ReadValue`` call for the reader thread (never queued
+        behind closures), or ``None`` after ``timeout`` seconds or once the server stopped
+        serving (then :attr:`reads_closed`). Waits with the GIL released.
+
+        Example: ``read = server.next_read(0.5)``"""
+
+    @property
+    def reads_closed(self) -> bool:
+        """Whether the server stopped serving reads (its reader thread may end)."""
+
+    def pull_value(
+        self, holder: str, value_id: int, *, session: str, timeout: float | None = None
+    ) -> EncodedValue:
+        """(Dataflow.) Reads kept value ``value_id`` of ``session`` from the worker at
+        ``holder`` (``host:port``) with this server's token and peer TLS settings, the GIL
+        released; counted in ``GetStatus`` (``peer_pulls``, ``peer_bytes_received``).
+        Raises the ``jaxcluster.errors`` class of the failure (``NotFoundError`` for a
+        value the holder does not hold, ``UnavailableError`` for a holder gone).
+
+        Example: ``server.pull_value("10.0.0.5:8470", 12, session=job.session)``"""
+
+    @property
+    def pulls_use_tls(self) -> bool:
+        """Whether :meth:`pull_value` verifies peers with TLS."""
+
+@final
+class ValueRead:
+    """(Dataflow.) One ``ReadValue`` call waiting for its answer; answer it exactly once
+    (dropped unanswered, it answers ``INTERNAL``).
+
+    Example::
+
+        read = server.next_read(0.5)
+        if read is not None:
+            read.reply_status("NOT_FOUND", f"no kept value {read.value_id}")
+    """
+
+    @property
+    def session(self) -> str:
+        """The calling session (empty: anonymous); only its values may be read."""
+
+    @property
+    def value_id(self) -> int:
+        """The kept value asked for."""
+
+    @property
+    def replied(self) -> bool:
+        """Whether the read has been answered."""
+
+    def reply_ok(self, value: _BytesLike, buffers: Sequence[_BytesLike] = ...) -> None:
+        """Answers with the encoded value (its pickle and out-of-band buffers, as
+        :meth:`WorkerJob.reply_ok` takes them); sent in chunks."""
+
+    def reply_status(self, code: str, message: str) -> None:
+        """Answers with an RPC error (a gRPC code name other than ``"OK"``)."""
+
 @final
 class WorkerJob:
     """One request taken by the executor; answer it exactly once.
@@ -909,6 +982,11 @@ class WorkerJob:
         """The coordinator's index for this worker (``run`` and ``create_resource`` jobs a
         coordinator sent): what ``get_current_worker_index()`` returns meanwhile. ``None``
         when the caller sent none (the worker's own ``--index`` then)."""
+
+    @property
+    def keep_result_id(self) -> int | None:
+        """(Dataflow, ``run`` jobs.) Keep the result here under this id of the job's
+        session and answer its ``wire.KeptInfo`` instead; ``None``: send the result."""
 
     @property
     def resource_ids(self) -> list[int]:
@@ -1036,8 +1114,11 @@ class WorkerClient:
         timeout: float | None = None,
         worker_index: int | None = None,
         preemption_save: bool = False,
+        keep_result_id: int | None = None,
     ) -> dict[str, Any]:
-        """Runs a registered function on pickled ``(args, kwargs)``. Returns
+        """Runs a registered function on pickled ``(args, kwargs)``. With
+        ``keep_result_id`` the worker keeps the result under that id of this client's
+        session and answers its encoded ``wire.KeptInfo`` (read it with :meth:`read_value`). Returns
         ``{"closure_id", "value", "buffers", "error"}``: ``value``/``buffers`` (``Buffer``
         objects) hold the pickled result, or ``error`` is the :class:`ClosureError` the
         worker reported (its ``worker`` is this client's address). ``timeout=None`` waits as
@@ -1067,6 +1148,12 @@ class WorkerClient:
 
     def release_resource(self, resource_ids: Sequence[int], *, timeout: float | None = None) -> int:
         """Drops resources on the worker; returns how many it held."""
+
+    def read_value(self, value_id: int, *, timeout: float | None = None) -> EncodedValue:
+        """(Dataflow.) The value this client's session kept on the worker under
+        ``value_id`` (``run_closure(..., keep_result_id=...)``), encoded as a closure's
+        result is; decode it with ``wire.decode(v.pickle, v.buffers)``. Raises
+        ``NotFoundError`` when the session holds no such value there."""
 
     def end_session(self, *, timeout: float | None = None) -> bool:
         """Ends this client's session on the worker: what it created there is released
@@ -1362,8 +1449,12 @@ class Dispatcher:
         args: bytes,
         buffers: Sequence[_BytesLike],
         resources: Sequence[PerWorkerResource],
+        *,
+        keep_result_id: int | None = None,
     ) -> ResultCell:
-        """Queues a closure of a registered function: ``args`` is the pickled
+        """With ``keep_result_id`` (from :meth:`new_resource_id`) the worker keeps the
+        result under that id and answers only its ``wire.KeptInfo`` (dataflow).
+        Queues a closure of a registered function: ``args`` is the pickled
         ``(args, kwargs)`` (empty for none), ``buffers`` its out-of-band buffers
         (``bytes`` and ``Buffer`` sent without a copy, other bytes-like objects copied
         once, so changing them later changes nothing), ``resources`` the per-worker
@@ -1449,6 +1540,8 @@ class Dispatcher:
         args: bytes,
         buffers: Sequence[_BytesLike],
         resources: Sequence[PerWorkerResource],
+        *,
+        keep_result_id: int | None = None,
     ) -> ResultCell:
         """Queues a closure of a registered function for worker ``worker`` alone; returns
         its cell at once. It runs after what was queued for that worker before (e.g. a
@@ -1463,6 +1556,23 @@ class Dispatcher:
             cell = dispatcher.schedule_on(0, read_hash, pickled, [], [resource])
             cell.wait(timeout=10.0)
         """
+
+    # --- dataflow: kept results ---
+
+    def new_resource_id(self) -> int:
+        """A fresh id from the counter per-worker resources use: what a kept result is
+        stored under on its worker (one id space with the session's resources)."""
+
+    def release_value(self, worker: int, value_id: int) -> None:
+        """Asks worker ``worker`` to drop kept value ``value_id`` (queued behind what is
+        queued for that worker; nothing is sent to a worker out of service)."""
+
+    def worker_free(self, worker: int) -> bool:
+        """Whether worker ``worker`` is up, not preempting, and has nothing outstanding or
+        queued for it alone (dataflow places a consumer on its input's worker only then)."""
+
+    def failure_pending(self) -> bool:
+        """Whether a closure error is pending under ``cancel_all`` (not raised yet)."""
 
     def wait_reported(self, timeout: float | None = None) -> bool:
         """Waits (GIL released, interruptibly) until some worker not removed has reported
@@ -1508,6 +1618,36 @@ class ResultCell:
         """The closure's value, or the :class:`ClosureError` of its failure or
         cancellation (``kind`` ``'user'``, ``'input'``, ``'infrastructure'`` or
         ``'cancelled'``). ``RuntimeError`` while NOT_READY."""
+
+    @property
+    def worker(self) -> int | None:
+        """The index of the worker whose answer settled the cell with a value (where a
+        kept result lives), or ``None`` (not ended, cancelled, or failed)."""
+
+    def watch(self, watch: CellWatch) -> None:
+        """Has ``watch`` told this cell's ``closure_id`` when it settles (at once if it
+        has)."""
+
+@final
+class CellWatch:
+    """One waiter told when any of many :class:`ResultCell` s settles (dataflow's
+    dependency tracker sleeps on it instead of a thread per producer).
+
+    Example::
+
+        watch = CellWatch()
+        cell.watch(watch)
+        settled_ids = watch.wait(timeout=1.0)   # [cell.closure_id] once it ended
+    """
+
+    def __init__(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> list[int]:
+        """Waits (GIL released, Ctrl-C interruptible) until a watched cell settled,
+        :meth:`wake` was called or ``timeout`` seconds passed; returns the closure ids
+        settled since the last wait (empty when woken or timed out)."""
+
+    def wake(self) -> None:
+        """Makes the current or next :meth:`wait` return at once."""
 
 @final
 class PerWorkerResource:

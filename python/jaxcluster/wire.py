@@ -5,7 +5,8 @@ sent as raw bytes next to the pickle instead of being copied into it; JAX arrays
 into numpy arrays on the way. Plain ``pickle`` is tried first (fast, C); objects it cannot
 handle (lambdas, local classes, ``__main__`` definitions) fall back to ``cloudpickle``. A
 :class:`ResourceRef` inside a value is pickled as a persistent id that the worker replaces
-with its own per-worker object.
+with its own per-worker object, and a :class:`KeptRef` (dataflow: a value kept on a worker)
+as one the executing worker resolves from its own registry or pulls from the holder.
 
 The first attempt, :func:`fast_encode`, is the C pickler with no per-object Python hook
 (a subclass's ``persistent_id``/``reducer_override`` is a Python call for every object
@@ -59,7 +60,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PICKLE_PROTOCOL",
+    "ArraySpec",
     "EncodedValue",
+    "KeptInfo",
+    "KeptRef",
+    "OmittedLeaf",
     "ResourceRef",
     "content_hash",
     "decode",
@@ -70,6 +75,7 @@ __all__ = [
 
 PICKLE_PROTOCOL = 5
 _RESOURCE_TAG = "jaxcluster.resource"
+_KEPT_TAG = "jaxcluster.kept"
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,69 @@ class ResourceRef:
 
 
 @dataclass(frozen=True)
+class KeptRef:
+    """Stands for a value kept on a worker (``schedule(..., keep_result=True)``) inside
+    closure arguments.
+
+    ``value_id`` is the id the value was kept under (in the closure's session) and
+    ``holder`` the holding worker's ``host:port``. The executing worker uses its own copy
+    when it is the holder (no bytes move), else pulls the value from ``holder`` with
+    ``ReadValue``; a pull that fails fails the closure with an input error whose
+    ``resource_id`` is ``value_id``.
+
+    Example::
+
+        encode(((KeptRef(12, "10.0.0.5:8470"),), {}))  # the worker passes value 12
+    """
+
+    value_id: int
+    holder: str
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """An array's shape and dtype where ``jax.ShapeDtypeStruct`` is not available (a
+    worker without JAX); ``dtype`` is numpy's string (``"<f4"``).
+
+    Example: ``ArraySpec((2, 3), "<f4")``
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class OmittedLeaf:
+    """Stands, in a :class:`KeptInfo` spec, for a non-array leaf too large to send
+    (pickled above 1 KiB) or that cannot be pickled.
+
+    Example: ``OmittedLeaf("dict", 4096)``
+    """
+
+    type_name: str
+    #: Its pickled size in bytes; -1 when it could not be pickled.
+    pickled_bytes: int
+
+
+@dataclass(frozen=True)
+class KeptInfo:
+    """What a worker answers instead of a kept result: its size and structure.
+
+    ``nbytes`` is the sum over the result's array leaves; ``spec`` is the result's pytree
+    with every array leaf replaced by ``jax.ShapeDtypeStruct(shape, dtype)`` (an
+    :class:`ArraySpec` on a worker without JAX) and every non-array leaf kept when it
+    pickles to at most 1 KiB, else an :class:`OmittedLeaf`.
+
+    Example::
+
+        info = KeptInfo(nbytes=24, spec={"w": ArraySpec((2, 3), "<f4")})
+    """
+
+    nbytes: int
+    spec: Any
+
+
+@dataclass(frozen=True)
 class EncodedValue:
     """A pickled value and its out-of-band buffers, ready for a ``Value`` message."""
 
@@ -103,8 +172,11 @@ def _jax_array_type() -> type | None:
 
 
 def _persistent_id(obj: Any) -> Any:
-    if type(obj) is ResourceRef:
+    kind = type(obj)
+    if kind is ResourceRef:
         return (_RESOURCE_TAG, obj.resource_id)
+    if kind is KeptRef:
+        return (_KEPT_TAG, obj.value_id, obj.holder)
     return None
 
 
@@ -224,6 +296,7 @@ def _dispatch_table() -> dict[Any, Any]:
     if table is None:
         table = dict(copyreg.dispatch_table)
         table[ResourceRef] = _refuse
+        table[KeptRef] = _refuse
         if numpy is not None:
             table[numpy.ndarray] = _reduce_ndarray
         if jax is not None:
@@ -256,8 +329,8 @@ _reusable = _Reusable()
 def fast_encode(value: Any, *, zero_copy: bool = False) -> EncodedValue:
     """Pickles ``value`` with the C pickler and no per-object Python hook. Raises for
     anything it does not handle the way :func:`encode` does (callers fall back to
-    :func:`encode`): unpicklable objects and :class:`ResourceRef`. ``zero_copy`` as for
-    :func:`encode`."""
+    :func:`encode`): unpicklable objects, :class:`ResourceRef` and :class:`KeptRef`.
+    ``zero_copy`` as for :func:`encode`."""
     state = _reusable
     if state.busy:  # re-entered from some object's __reduce__: use a pickler of its own
         stream = io.BytesIO()
@@ -316,16 +389,25 @@ def encode(value: Any, *, zero_copy: bool = False) -> EncodedValue:
         ) from exc
 
 
-def _persistent_loader(resolve_resource: Callable[[int], Any] | None) -> Callable[[Any], Any]:
+def _persistent_loader(
+    resolve_resource: Callable[[int], Any] | None,
+    resolve_kept: Callable[[int, str], Any] | None = None,
+) -> Callable[[Any], Any]:
     def persistent_load(pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 2 and pid[0] == _RESOURCE_TAG):
-            raise pickle.UnpicklingError(
-                f"unknown persistent id {pid!r}; expected ({_RESOURCE_TAG!r}, resource_id)"
-            )
-        resource_id = int(pid[1])
-        if resolve_resource is None:
-            return ResourceRef(resource_id)
-        return resolve_resource(resource_id)
+        if isinstance(pid, tuple) and len(pid) == 2 and pid[0] == _RESOURCE_TAG:
+            resource_id = int(pid[1])
+            if resolve_resource is None:
+                return ResourceRef(resource_id)
+            return resolve_resource(resource_id)
+        if isinstance(pid, tuple) and len(pid) == 3 and pid[0] == _KEPT_TAG:
+            value_id, holder = int(pid[1]), str(pid[2])
+            if resolve_kept is None:
+                return KeptRef(value_id, holder)
+            return resolve_kept(value_id, holder)
+        raise pickle.UnpicklingError(
+            f"unknown persistent id {pid!r}; expected ({_RESOURCE_TAG!r}, resource_id) or "
+            f"({_KEPT_TAG!r}, value_id, holder)"
+        )
 
     return persistent_load
 
@@ -338,18 +420,22 @@ def decode(
     buffers: Sequence[bytes] = (),
     *,
     resolve_resource: Callable[[int], Any] | None = None,
+    resolve_kept: Callable[[int, str], Any] | None = None,
 ) -> Any:
     """Unpickles a value made by :func:`encode`.
 
-    ``resolve_resource(resource_id)`` replaces each :class:`ResourceRef`; without it the
-    refs come back as they were. Exceptions it raises propagate unchanged.
+    ``resolve_resource(resource_id)`` replaces each :class:`ResourceRef` and
+    ``resolve_kept(value_id, holder)`` each :class:`KeptRef`; without them the refs come
+    back as they were. Exceptions they raise propagate unchanged.
     """
     # The C unpickler with a persistent_load attribute, not a Python subclass: nothing
     # Python runs per value unless a persistent id is met.
     unpickler = pickle.Unpickler(io.BytesIO(data), buffers=buffers)
     # Documented for pickle.Unpickler instances; typeshed declares it a method.
     unpickler.persistent_load = (  # type: ignore[method-assign]
-        _REFS_ONLY if resolve_resource is None else _persistent_loader(resolve_resource)
+        _REFS_ONLY
+        if resolve_resource is None and resolve_kept is None
+        else _persistent_loader(resolve_resource, resolve_kept)
     )
     return unpickler.load()
 

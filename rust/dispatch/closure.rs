@@ -49,6 +49,9 @@ pub struct Closure {
     /// error never cancels other closures), and goes back to that worker's sub-queue when
     /// the worker fails under it. `None`: any worker.
     pub(crate) pinned: Option<usize>,
+    /// Dataflow: the worker keeps the result under this id (`keep_result=True`) and
+    /// answers only its description. `None`: the result comes back.
+    pub(crate) keep_result_id: Option<u64>,
 }
 
 impl Closure {
@@ -90,7 +93,14 @@ impl Closure {
             worker_index: i64::try_from(worker).ok(),
             // Closures of the stream are never preemption saves (those are unary).
             preemption_save: false,
+            keep_result_id: self.keep_result_id,
         }
+    }
+
+    /// Has the worker keep the result under `id` instead of sending it back (dataflow's
+    /// `keep_result=True`); the id comes from [`Dispatcher::new_resource_id`](super::Dispatcher::new_resource_id).
+    pub fn keep_result(&mut self, id: u64) {
+        self.keep_result_id = Some(id);
     }
 
     /// The worker it must run on (`schedule_on`), if any.

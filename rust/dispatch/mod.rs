@@ -117,6 +117,7 @@
 //! - The staggered-start aliases are `JAXCLUSTER_COORDINATOR_SCHEDULE_START_DELAY(_MAX)`;
 //!   they win over the `TF_` names, and fractional seconds are accepted.
 
+mod cell_watch;
 mod closure;
 pub mod config;
 pub(crate) mod deaths;
@@ -142,6 +143,7 @@ mod tests;
 
 use std::sync::Arc;
 
+pub use cell_watch::CellWatch;
 pub use closure::Closure;
 pub use config::{BackoffConfig, DispatcherConfig, ErrorPolicy, StartDelay};
 pub use dispatcher::{Dispatcher, MetricsSnapshot, Removal};

@@ -1,10 +1,12 @@
 //! [`ResultCell`]: where a closure's outcome lands, once, and where callers wait for it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::cell_watch::CellWatch;
 use super::failure::ClosureFailure;
 
 /// A Python value as it crosses the wire: a pickle stream plus its out-of-band buffers.
@@ -53,7 +55,12 @@ pub struct Interrupted;
 struct CellState {
     outcome: Option<Outcome>,
     waiters: usize,
+    /// Told when the cell settles (dataflow's dependency tracker).
+    watches: Vec<Arc<CellWatch>>,
 }
+
+/// [`ResultCell::worker`] before a worker settled the cell.
+const NO_WORKER: usize = usize::MAX;
 
 /// The outcome of one closure: not ready, then exactly one of a value, an error or a
 /// cancellation. Waitable with a deadline; the dispatcher settles it, callers read it.
@@ -72,6 +79,9 @@ pub struct ResultCell {
     scheduled: Instant,
     state: Mutex<CellState>,
     settled: Condvar,
+    /// The index of the worker whose answer settled the cell ([`NO_WORKER`] until then):
+    /// where a kept result lives.
+    worker: AtomicUsize,
 }
 
 impl ResultCell {
@@ -83,8 +93,10 @@ impl ResultCell {
             state: Mutex::new(CellState {
                 outcome: None,
                 waiters: 0,
+                watches: Vec::new(),
             }),
             settled: Condvar::new(),
+            worker: AtomicUsize::new(NO_WORKER),
         }
     }
 
@@ -96,6 +108,31 @@ impl ResultCell {
     /// When the closure was scheduled.
     pub fn scheduled_at(&self) -> Instant {
         self.scheduled
+    }
+
+    /// The index of the worker whose answer settled the cell (a kept result lives there),
+    /// or `None` when no worker did (not ended, cancelled, or failed before running).
+    pub fn worker(&self) -> Option<usize> {
+        match self.worker.load(Ordering::Acquire) {
+            NO_WORKER => None,
+            index => Some(index),
+        }
+    }
+
+    /// Records the worker answering for the closure, just before it settles the cell.
+    pub(crate) fn set_worker(&self, index: usize) {
+        self.worker.store(index, Ordering::Release);
+    }
+
+    /// Has `watch` told (with this cell's id) when the cell settles; at once if it has.
+    pub fn watch(&self, watch: &Arc<CellWatch>) {
+        let mut state = self.lock();
+        if state.outcome.is_none() {
+            state.watches.push(Arc::clone(watch));
+            return;
+        }
+        drop(state);
+        watch.notify(self.id);
     }
 
     /// The current status.
@@ -164,9 +201,13 @@ impl ResultCell {
         }
         state.outcome = Some(outcome);
         let wake = state.waiters > 0;
+        let watches = std::mem::take(&mut state.watches);
         drop(state);
         if wake {
             self.settled.notify_all();
+        }
+        for watch in watches {
+            watch.notify(self.id);
         }
         true
     }

@@ -45,6 +45,10 @@ pub(crate) struct LinkCounters {
     pub retried: AtomicU64,
     /// Times this worker was found failed.
     pub failures: AtomicU64,
+    /// Closures sent to this worker (or taken for it) and not answered yet, as the link
+    /// last published it: dataflow places a consumer on its producer's worker only while
+    /// this is 0.
+    pub outstanding: AtomicU64,
 }
 
 /// A worker's state as its link sees it.

@@ -12,7 +12,7 @@ use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use super::convert::{client_config, duration, to_bytes};
 use super::enums::function_kind_arg;
 use super::errors::new_error;
-use super::outcome::PyClosureError;
+use super::outcome::{PyClosureError, PyEncodedValue};
 use super::status::WorkerReport;
 use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::{pb, WorkerClient};
@@ -166,7 +166,8 @@ impl PyWorkerClient {
         Ok(response.already_registered)
     }
 
-    #[pyo3(signature = (function_hash, args=None, buffers=Vec::new(), *, closure_id=0, timeout=None, worker_index=None, preemption_save=false))]
+    #[pyo3(signature = (function_hash, args=None, buffers=Vec::new(), *, closure_id=0, timeout=None, worker_index=None,
+                        preemption_save=false, keep_result_id=None))]
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned arguments
     #[allow(clippy::too_many_arguments)] // the Python signature, keyword-only
     fn run_closure<'py>(
@@ -179,6 +180,7 @@ impl PyWorkerClient {
         timeout: Option<f64>,
         worker_index: Option<i64>,
         preemption_save: bool,
+        keep_result_id: Option<u64>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let request = pb::RunClosureRequest {
             function_hash: to_bytes(function_hash),
@@ -187,6 +189,7 @@ impl PyWorkerClient {
             // None: the worker's own --index (a slice's rank 0 passes on the coordinator's).
             worker_index,
             preemption_save,
+            keep_result_id,
         };
         let timeout = duration(timeout, "timeout")?;
         let response = wait_for(py, self.inner.run_closure(request, timeout))?;
@@ -235,6 +238,18 @@ impl PyWorkerClient {
     ) -> PyResult<u32> {
         let timeout = self.control_timeout(timeout)?;
         wait_for(py, self.inner.release_resource(resource_ids, timeout))
+    }
+
+    #[pyo3(signature = (value_id, *, timeout=None))]
+    fn read_value(
+        &self,
+        py: Python<'_>,
+        value_id: u64,
+        timeout: Option<f64>,
+    ) -> PyResult<PyEncodedValue> {
+        let timeout = self.control_timeout(timeout)?;
+        let value = wait_for(py, self.inner.read_value(value_id, timeout))?;
+        Ok(PyEncodedValue::from_message(value))
     }
 
     #[pyo3(signature = (*, timeout=None))]

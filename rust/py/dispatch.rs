@@ -181,7 +181,7 @@ impl PyDispatcher {
             .map_err(|e| dispatch_error(py, e))
     }
 
-    #[pyo3(signature = (function_hash, args, buffers, resources))]
+    #[pyo3(signature = (function_hash, args, buffers, resources, *, keep_result_id = None))]
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
     fn schedule(
         &self,
@@ -190,12 +190,16 @@ impl PyDispatcher {
         args: PyBackedBytes,
         buffers: Vec<Bound<'_, PyAny>>,
         resources: Vec<PyRef<'_, PyPerWorkerResource>>,
+        keep_result_id: Option<u64>,
     ) -> PyResult<PyResultCell> {
         let (args, resources) = closure_inputs(args, &buffers, &resources, "schedule")?;
-        let closure = self
+        let mut closure = self
             .inner
             .closure(function_hash, args, &resources)
             .map_err(|e| dispatch_error(py, e))?;
+        if let Some(id) = keep_result_id {
+            closure.keep_result(id);
+        }
         let cell = PyResultCell {
             inner: closure.cell(),
         };
@@ -276,8 +280,11 @@ impl PyDispatcher {
 
     // --- one worker: the worker table and work aimed at one worker ---
 
-    #[pyo3(signature = (worker, function_hash, args, buffers, resources))]
+    #[pyo3(signature = (
+        worker, function_hash, args, buffers, resources, *, keep_result_id = None
+    ))]
     #[allow(clippy::needless_pass_by_value)] // PyO3 extracts owned lists
+    #[allow(clippy::too_many_arguments)] // the Python signature
     fn schedule_on(
         &self,
         py: Python<'_>,
@@ -286,13 +293,32 @@ impl PyDispatcher {
         args: PyBackedBytes,
         buffers: Vec<Bound<'_, PyAny>>,
         resources: Vec<PyRef<'_, PyPerWorkerResource>>,
+        keep_result_id: Option<u64>,
     ) -> PyResult<PyResultCell> {
         let (args, resources) = closure_inputs(args, &buffers, &resources, "schedule_on")?;
         let inner = self
             .inner
-            .schedule_on(worker, function_hash, args, &resources)
+            .schedule_on_keeping(worker, function_hash, args, &resources, keep_result_id)
             .map_err(|e| dispatch_error(py, e))?;
         Ok(PyResultCell { inner })
+    }
+
+    // --- dataflow: kept results ---
+
+    fn new_resource_id(&self) -> u64 {
+        self.inner.new_resource_id()
+    }
+
+    fn release_value(&self, worker: usize, value_id: u64) {
+        self.inner.release_value(worker, value_id);
+    }
+
+    fn worker_free(&self, worker: usize) -> bool {
+        self.inner.worker_free(worker)
+    }
+
+    fn failure_pending(&self) -> bool {
+        self.inner.failure_pending()
     }
 
     #[pyo3(signature = (timeout = None))]
@@ -375,6 +401,15 @@ impl PyResultCell {
     #[getter]
     fn closure_id(&self) -> u64 {
         self.inner.id()
+    }
+
+    #[getter]
+    fn worker(&self) -> Option<usize> {
+        self.inner.worker()
+    }
+
+    fn watch(&self, watch: &Bound<'_, super::cell_watch::PyCellWatch>) {
+        self.inner.watch(&watch.get().inner);
     }
 
     fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

@@ -4,6 +4,7 @@ use pyo3::prelude::*;
 
 mod blocking;
 mod buffer;
+mod cell_watch;
 mod client;
 mod convert;
 mod device;
@@ -18,6 +19,7 @@ mod ps;
 mod queue;
 mod record;
 mod status;
+mod value_reads;
 mod worker;
 
 /// Registers every binding on the `_core` module.
@@ -28,11 +30,13 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<worker::PyWorkerServer>()?;
     m.add_class::<ps::optim::PyOptimizerSpec>()?;
     m.add_class::<worker::PyWorkerJob>()?;
+    m.add_class::<value_reads::PyValueRead>()?;
     m.add_class::<client::PyWorkerClient>()?;
     device::register(m)?;
     m.add_class::<queue::PyClosureQueue>()?;
     m.add_class::<dispatch::PyDispatcher>()?;
     m.add_class::<dispatch::PyResultCell>()?;
+    m.add_class::<cell_watch::PyCellWatch>()?;
     m.add_class::<dispatch::PyPerWorkerResource>()?;
     m.add_class::<buffer::PyBuffer>()?;
     m.add_class::<outcome::PyEncodedValue>()?;

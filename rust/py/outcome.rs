@@ -21,6 +21,18 @@ pub struct PyEncodedValue {
     value: EncodedValue,
 }
 
+impl PyEncodedValue {
+    /// A value as a worker sent it (e.g. a kept value read with `ReadValue`).
+    pub(crate) fn from_message(value: pb::Value) -> Self {
+        Self {
+            value: EncodedValue {
+                pickle: value.pickle,
+                buffers: value.buffers,
+            },
+        }
+    }
+}
+
 #[pymethods]
 impl PyEncodedValue {
     #[new]

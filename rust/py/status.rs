@@ -68,6 +68,10 @@ record! {
         preemption_detail: Option<&str> = self.0.preemption.as_ref().map(|n| n.detail.as_str()),
         sessions: Vec<SessionHeld> = self.0.sessions.iter().cloned().map(SessionHeld).collect(),
         state_ttl_seconds: f64 = self.0.state_ttl_seconds,
+        peer_bytes_sent: u64 = self.0.peer_bytes_sent,
+        peer_bytes_received: u64 = self.0.peer_bytes_received,
+        peer_reads_served: u64 = self.0.peer_reads_served,
+        peer_pulls: u64 = self.0.peer_pulls,
     }
 }
 

@@ -8,12 +8,14 @@ use pyo3::exceptions::{PyOSError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
-use super::blocking::{block_detached, finish_serving, wait_in_slices};
+use super::blocking::{block_detached, finish_serving, runtime_or_err, wait_for, wait_in_slices};
 use super::buffer::{buffer_list, bytes_of, bytes_of_all};
 use super::convert::{duration, server_limits};
 use super::enums::{ErrorKind, FunctionKind};
 use super::metrics::LatencyHistogram;
+use super::outcome::PyEncodedValue;
 use super::status::WorkerReport;
+use super::value_reads::PyValueRead;
 use crate::rpc::pb;
 use crate::rpc::server::connections::{
     DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_STREAMS_PER_CONNECTION,
@@ -22,6 +24,7 @@ use crate::rpc::server::sessions::Held;
 use crate::rpc::wire::codes::{parse_code, parse_error_kind};
 use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::wire::session::SessionId;
+use crate::worker::reads::ReadPop;
 use crate::worker::store::DEFAULT_MAX_FUNCTION_BYTES;
 use crate::worker::{Job, JobReply, JobRequest, Pop, Ran, WorkerConfig, WorkerError, WorkerServer};
 
@@ -66,7 +69,8 @@ impl PyWorkerServer {
                         handshake_timeout=5.0,
                         max_function_bytes=DEFAULT_MAX_FUNCTION_BYTES,
                         previous_exit=String::new(), python_version=None,
-                        slice_index=None, slice_rank=None, slice_size=None, state_ttl=3600.0))]
+                        slice_index=None, slice_rank=None, slice_size=None, state_ttl=3600.0,
+                        peer_tls_ca=None, peer_tls_domain=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -90,7 +94,11 @@ impl PyWorkerServer {
         slice_rank: Option<u32>,
         slice_size: Option<u32>,
         state_ttl: f64,
+        peer_tls_ca: Option<Vec<u8>>,
+        peer_tls_domain: Option<String>,
     ) -> PyResult<Self> {
+        let peer_tls = crate::rpc::security::tls::client_tls(peer_tls_ca, peer_tls_domain)
+            .map_err(PyValueError::new_err)?;
         let state_ttl = duration(Some(state_ttl), "state_ttl")?.unwrap_or_default();
         let slice = slice_membership(slice_index, slice_rank, slice_size)?;
         let tls = crate::rpc::security::tls::server_tls(tls_cert, tls_key)
@@ -123,6 +131,7 @@ impl PyWorkerServer {
             platform,
             device_kind,
             state_ttl,
+            peer_tls,
         };
         let server = block_detached(py, WorkerServer::start(config))?.map_err(worker_error)?;
         Ok(Self {
@@ -264,6 +273,52 @@ impl PyWorkerServer {
         Ok(())
     }
 
+    #[pyo3(signature = (timeout=None))]
+    fn next_read(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Option<PyValueRead>> {
+        let timeout = duration(timeout, "timeout")?;
+        let mut found = None;
+        wait_in_slices(py, timeout, |slice| match self.inner.next_read(slice) {
+            ReadPop::Empty => false,
+            other => {
+                found = Some(other);
+                true
+            }
+        })?;
+        Ok(match found {
+            Some(ReadPop::Read(read)) => Some(PyValueRead::new(read)),
+            _ => None,
+        })
+    }
+
+    #[getter]
+    fn reads_closed(&self) -> bool {
+        self.inner.reads_closed()
+    }
+
+    #[pyo3(signature = (holder, value_id, *, session, timeout=None))]
+    fn pull_value(
+        &self,
+        py: Python<'_>,
+        holder: &str,
+        value_id: u64,
+        session: &str,
+        timeout: Option<f64>,
+    ) -> PyResult<PyEncodedValue> {
+        let session = SessionId::new(session).map_err(PyValueError::new_err)?;
+        let timeout = duration(timeout, "timeout")?;
+        let _guard = runtime_or_err()?.enter();
+        let value = wait_for(
+            py,
+            self.inner.pull_value(holder, &session, value_id, timeout),
+        )?;
+        Ok(PyEncodedValue::from_message(value))
+    }
+
+    #[getter]
+    fn pulls_use_tls(&self) -> bool {
+        self.inner.pulls_use_tls()
+    }
+
     fn execution_seconds(&self) -> LatencyHistogram {
         LatencyHistogram::from(&self.inner.execution_times())
     }
@@ -364,6 +419,14 @@ impl PyWorkerJob {
             JobRequest::Run { worker_index, .. }
             | JobRequest::CreateResource { worker_index, .. } => worker_index,
             JobRequest::ReleaseResource { .. } | JobRequest::ReleaseSession => None,
+        }
+    }
+
+    #[getter]
+    fn keep_result_id(&self) -> Option<u64> {
+        match self.request {
+            JobRequest::Run { keep_result_id, .. } => keep_result_id,
+            _ => None,
         }
     }
 

@@ -323,9 +323,13 @@ impl JobQueue {
         while let Some(job) = state.jobs.get(index) {
             let startable = match &job.reply {
                 // Nobody would read the answer: a stream whose client went away, or a
-                // unary call cancelled (or timed out) by its client while queued.
+                // unary call cancelled (or timed out) by its client while queued. A
+                // release still runs: a session's release is queued with nobody waiting
+                // (`mod.rs`), and a value left behind would hold its memory for good.
                 Some(ReplyTo::Stream(stream)) if stream.is_abandoned() => None,
-                Some(ReplyTo::Call(sender)) if sender.is_closed() => None,
+                Some(ReplyTo::Call(sender)) if sender.is_closed() && job.request.runs_code() => {
+                    None
+                }
                 // A leased stream's closures wait for its lease (see stream.rs); its
                 // other closures wait with them, so the stream's order is kept.
                 Some(ReplyTo::Stream(stream)) => {

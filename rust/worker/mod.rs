@@ -21,6 +21,8 @@
 //!   counting, the shutdown protocol, and which streams are halted (under its own lock).
 //! - `stream.rs`: a stream's reply sink and the response stream that batches its answers.
 //! - `preemption.rs`: the preemption notice held, and telling the open streams of it.
+//! - `reads.rs`, `peers.rs`: dataflow: `ReadValue` calls waiting for the reader thread,
+//!   and this worker's pulls of kept values from its peers.
 //! - `stats.rs`, `store.rs`, `validate.rs`: counters, the function store, request checks.
 //!
 //! Shutdown is two-phase: [`WorkerServer::begin_shutdown`] stops taking closures (new and
@@ -34,8 +36,10 @@
 pub mod acks;
 pub mod jobs;
 mod outgoing;
+pub mod peers;
 pub mod preemption;
 mod reader;
+pub mod reads;
 mod route;
 pub mod service;
 pub mod state;
@@ -103,6 +107,9 @@ pub struct WorkerConfig {
     /// How long the values of a session that vanished (its last connection closed
     /// without `EndSession`) are kept (`--state-ttl`; zero: released at once).
     pub state_ttl: Duration,
+    /// (Dataflow.) TLS to verify peers with when pulling kept values from them; `None`:
+    /// plaintext (a worker serving TLS needs its peers' CA here to pull from them).
+    pub peer_tls: Option<crate::rpc::security::tls::ClientTls>,
 }
 
 impl Default for WorkerConfig {
@@ -123,6 +130,7 @@ impl Default for WorkerConfig {
             previous_exit: String::new(),
             slice: None,
             state_ttl: DEFAULT_TTL,
+            peer_tls: None,
         }
     }
 }
@@ -145,6 +153,10 @@ pub enum WorkerError {
     #[error("the worker's gRPC server failed: {0}")]
     Serve(String),
 }
+
+/// Bound on connecting to a peer holding a kept value: a holder that does not answer in
+/// this time is reported gone (the coordinator re-makes the value).
+const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A running worker server; dropping it stops serving.
 pub struct WorkerServer {
@@ -195,6 +207,15 @@ impl WorkerServer {
             config.worker_index,
         ));
         sessions.spawn_sweeper();
+        let peers = peers::PeerPulls::new(
+            peers::PeerSettings {
+                auth_token: config.auth_token.clone(),
+                tls: config.peer_tls,
+                max_message_bytes: limit,
+                connect_timeout: PEER_CONNECT_TIMEOUT,
+            },
+            Arc::clone(&counters),
+        );
         let state = Arc::new(WorkerState {
             worker_index: config.worker_index,
             jax_version: config.jax_version,
@@ -214,6 +235,8 @@ impl WorkerServer {
             slice: config.slice,
             preemption: Arc::default(),
             farewells: acks::Farewells::default(),
+            reads: reads::ReadQueue::default(),
+            peers,
         });
         let service = pb::worker_server::WorkerServer::new(WorkerService::new(Arc::clone(&state)))
             .max_decoding_message_size(limit)
@@ -381,7 +404,38 @@ impl WorkerServer {
     /// Closes the listener and returns the serving task, which ends once in-flight RPCs
     /// have completed; `None` if already stopped. Call after [`WorkerServer::wait_idle`].
     pub fn stop_serving(&self) -> Option<JoinHandle<Result<(), tonic::transport::Error>>> {
+        self.state.reads.close();
         self.serving.stop()
+    }
+
+    /// (Dataflow.) Blocks up to `timeout` for the next `ReadValue` call. For the reader
+    /// thread only (see `reads.rs`).
+    pub fn next_read(&self, timeout: Duration) -> reads::ReadPop {
+        self.state.reads.pop(timeout)
+    }
+
+    /// (Dataflow.) Reads kept value `value_id` of `session` from the worker at `holder`
+    /// (`host:port`), counted as a pull (see `peers.rs`). Must be awaited on the shared
+    /// runtime.
+    pub async fn pull_value(
+        &self,
+        holder: &str,
+        session: &SessionId,
+        value_id: u64,
+        timeout: Option<Duration>,
+    ) -> Result<pb::Value, crate::rpc::RpcError> {
+        let client = self.state.peers.client(holder, session)?;
+        self.state.peers.pull(client, value_id, timeout).await
+    }
+
+    /// Whether the server stopped serving reads (its reader thread can stop).
+    pub fn reads_closed(&self) -> bool {
+        self.state.reads.is_closed()
+    }
+
+    /// Whether pulls from peers verify them with TLS.
+    pub fn pulls_use_tls(&self) -> bool {
+        self.state.peers.uses_tls()
     }
 }
 
@@ -406,6 +460,7 @@ impl Drop for WorkerServer {
         // acknowledgements any more.
         self.state.queue.begin_drain();
         self.state.farewells.release();
+        self.state.reads.close();
     }
 }
 

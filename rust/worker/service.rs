@@ -211,6 +211,21 @@ impl pb::worker_server::Worker for WorkerService {
         Ok(Response::new(response))
     }
 
+    type ReadValueStream = chunks::AnswerStream;
+
+    async fn read_value(
+        &self,
+        request: Request<pb::ReadValueRequest>,
+    ) -> Result<Response<Self::ReadValueStream>, Status> {
+        let session = self.session(&request)?;
+        let value_id = request.into_inner().value_id;
+        let value = self.state.read_value(&session, value_id).await?;
+        let pieces = chunks::split_message(&value, self.state.max_message_bytes, "");
+        Ok(Response::new(tokio_stream::iter(
+            pieces.into_iter().map(Ok).collect::<Vec<_>>(),
+        )))
+    }
+
     async fn end_session(
         &self,
         request: Request<pb::EndSessionRequest>,

@@ -14,7 +14,9 @@ use tonic::Status;
 
 use super::acks::Farewells;
 use super::jobs::{JobQueue, JobReply, JobRequest};
+use super::peers::PeerPulls;
 use super::preemption::Preemption;
+use super::reads::ReadQueue;
 use super::stats::{value_bytes, Stats};
 use super::store::{FunctionStore, StoredFunction};
 use super::validate;
@@ -63,6 +65,10 @@ pub struct WorkerState {
     pub farewells: Farewells,
     /// The sessions holding values here, and when each is released.
     pub sessions: Arc<SessionRegistry>,
+    /// (Dataflow.) `ReadValue` calls waiting for the reader thread.
+    pub reads: ReadQueue,
+    /// (Dataflow.) Clients for pulling kept values from peers.
+    pub peers: PeerPulls,
 }
 
 impl WorkerState {
@@ -110,6 +116,10 @@ impl WorkerState {
             preemption: notice,
             sessions: self.sessions.snapshot().iter().map(session_held).collect(),
             state_ttl_seconds: self.sessions.ttl().as_secs_f64(),
+            peer_bytes_sent: load(&self.stats.peer_bytes_sent),
+            peer_bytes_received: load(&self.stats.peer_bytes_received),
+            peer_reads_served: load(&self.stats.peer_reads_served),
+            peer_pulls: load(&self.stats.peer_pulls),
         }
     }
 
@@ -228,7 +238,29 @@ impl WorkerState {
             function,
             args: request.args,
             worker_index: request.worker_index,
+            keep_result_id: request.keep_result_id,
         })
+    }
+
+    /// (Dataflow.) The value `session` kept here under `value_id`, encoded by the reader
+    /// thread (never queued behind closures); counted as served. `NOT_FOUND` from the
+    /// reader when the session holds no such value.
+    pub async fn read_value(
+        &self,
+        session: &SessionId,
+        value_id: u64,
+    ) -> Result<pb::Value, Status> {
+        let receiver = self.reads.push(session, value_id)?;
+        let value = receiver.await.unwrap_or_else(|_| {
+            Err(Status::internal(
+                "the worker's reader stopped before answering this read",
+            ))
+        })?;
+        self.stats.peer_reads_served.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .peer_bytes_sent
+            .fetch_add(value_bytes(&value), Ordering::Relaxed);
+        Ok(value)
     }
 
     /// The job for a `CreateResource` request.

@@ -34,6 +34,14 @@ pub struct Stats {
     pub bytes_received: AtomicU64,
     /// Bytes of closure results sent (pickle plus buffers).
     pub bytes_sent: AtomicU64,
+    /// (Dataflow.) Kept values read by peers (`ReadValue` answered), and their bytes.
+    pub peer_reads_served: AtomicU64,
+    /// Bytes of the encoded values `ReadValue` answered.
+    pub peer_bytes_sent: AtomicU64,
+    /// (Dataflow.) Kept values this worker pulled from peers, and their bytes.
+    pub peer_pulls: AtomicU64,
+    /// Bytes of the encoded values pulled.
+    pub peer_bytes_received: AtomicU64,
 }
 
 /// The bytes a value carries: its pickle and its out-of-band buffers.

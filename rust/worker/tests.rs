@@ -11,6 +11,7 @@ use super::*;
 use crate::rpc::{content_hash, ClientConfig, RpcError, WorkerClient};
 
 mod leases;
+mod reads;
 mod streams;
 
 const TOKEN: &str = "test-token";
@@ -136,6 +137,7 @@ fn run_request(hash: &[u8], args: &'static [u8]) -> pb::RunClosureRequest {
         closure_id: 42,
         worker_index: None,
         preemption_save: false,
+        keep_result_id: None,
     }
 }
 

@@ -5,7 +5,8 @@ While :func:`encode_args` pickles ``(args, kwargs)``, a thread-local context is 
 ``wire`` turns the ``ResourceRef`` into a persistent id that the executing worker replaces
 with its own element, and :func:`resolved` hands that element to the closure. The context
 collects the resources so the dispatcher can make sure they exist on that worker first. A
-``RemoteValue`` met anywhere makes the call fail with ``ValueError``, as in TF.
+``RemoteValue`` met while pickling (inside an object other than a tuple, list or dict, where
+dataflow does not look) makes the call fail with ``ValueError``.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def reject_remote_value(remote_value: Any) -> None:
 
 
 _REMOTE_VALUE_MESSAGE = (
-    "a RemoteValue was passed as an argument of schedule(); closures cannot take another "
-    "closure's pending result. Call .fetch() on it (or coordinator.fetch(...)) and pass the "
+    "a RemoteValue was passed as an argument of schedule() inside an object that is not a "
+    "tuple, list or dict; a closure takes another closure's result only as a leaf of "
+    "the tuples, lists and dicts of args/kwargs. Put it there, or .fetch() it and pass the "
     "value instead"
 )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -32,6 +33,7 @@ from jaxcluster.coordinator._options import (
     _seconds_bound,
     _worker_addresses,
 )
+from jaxcluster.coordinator.dataflow import Dataflow, find_remote_values
 from jaxcluster.coordinator.device_state import PerWorkerState
 from jaxcluster.coordinator.elastic import Membership, Refresher
 from jaxcluster.coordinator.functions import FunctionSerializer
@@ -56,6 +58,11 @@ __all__ = ["ClusterCoordinator"]
 # `workers`: each up worker is asked for a fresh GetStatus, bounded by this.
 _WORKERS_STATUS_TIMEOUT_SECONDS = 1.0
 _log = logging.getLogger("jaxcluster.coordinator")
+
+
+def _name_of(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else ""
 
 
 class ClusterCoordinator:
@@ -223,6 +230,10 @@ class ClusterCoordinator:
             is_closed=lambda: (coordinator := ref()) is None or coordinator._closed,
             saver=self._saver,
         )
+        # Closures that keep their result or take other closures' results.
+        self._dataflow = Dataflow(
+            self._dispatcher, self._host, self._functions, RemoteValue, retries
+        )
         self._metrics_server: Any = None
         if metrics_port is not None:
             from jaxcluster.metrics import serve_coordinator
@@ -290,13 +301,31 @@ class ClusterCoordinator:
         fn: Callable[..., Any],
         args: Any = None,
         kwargs: Mapping[str, Any] | None = None,
+        *,
+        keep_result: bool = False,
     ) -> RemoteValue:
         """Enqueues ``fn(*args, **kwargs)`` for some worker; returns its RemoteValue.
 
         Blocks only while the queue is full. ``PerWorkerValues`` anywhere in the arguments
-        become the executing worker's element; a ``RemoteValue`` there is a ``ValueError``.
-        With ``error_policy="cancel_all"`` it raises a pending closure error (after
-        enqueuing, so this closure is cancelled with the rest).
+        become the executing worker's element. With ``error_policy="cancel_all"`` it raises
+        a pending closure error (after enqueuing, so this closure is cancelled with the
+        rest).
+
+        Dataflow (where TF raises ``ValueError``): a ``RemoteValue`` anywhere in the
+        tuples, lists and dicts of ``args``/``kwargs`` makes this closure wait for that
+        producer (``schedule`` itself returns at once) and receive its result: a kept one
+        is read on the worker holding it (the closure runs there when that worker is free)
+        or pulled worker to worker, never through this process. With ``keep_result=True``
+        the result stays on the worker (``rv.spec``, ``rv.nbytes``, ``rv.worker``;
+        ``rv.fetch()`` pulls it) and is released there when ``rv`` is garbage-collected. A
+        producer's error fails its consumers with ``ClosureInputError`` naming it; a kept
+        value whose worker died is made again by re-running its producer (lineage).
+
+        Example::
+
+            a = coordinator.schedule(lambda: np.ones(1 << 20), keep_result=True)
+            b = coordinator.schedule(lambda x: x.sum(), args=(a,))
+            b.fetch()                    # 1048576.0; the array never came back
         """
         self._check_open()
         args = () if args is None else args
@@ -309,6 +338,12 @@ class ClusterCoordinator:
             raise TypeError(
                 f"schedule(kwargs=...) must be a mapping, got {type(kwargs).__qualname__}"
             )
+        self._dataflow.tracker.take_pending_error()
+        producers = find_remote_values((args, kwargs), RemoteValue) if args or kwargs else []
+        if producers or keep_result:
+            return self._dataflow.schedule(
+                fn, tuple(args), kwargs, producers, bool(keep_result), self._ref
+            )
         if args or kwargs:
             encoded, resources = _encoding.encode_args(args, kwargs, self._host.resource_for)
             pickled, buffers = encoded.pickle, encoded.buffers
@@ -318,7 +353,7 @@ class ClusterCoordinator:
         self._worker_facts.check(function)
         self._host.register(function, fn)
         cell = self._dispatcher.schedule(function.function_hash, pickled, buffers, resources)
-        return RemoteValue(cell, self._ref, function.origin)
+        return RemoteValue(cell, self._ref, function.origin, None, _name_of(fn))
 
     def join(self, timeout: float | None = None, *, progress: bool = False) -> bool:
         """Waits until every scheduled closure has ended; ``False`` if ``timeout`` passed.
@@ -327,16 +362,32 @@ class ClusterCoordinator:
         With ``progress=True`` a ``tqdm`` bar on stderr counts the closures that end.
         """
         self._check_open()
+        tracker = self._dataflow.tracker
         if progress:
             from jaxcluster.progress import join_with_progress
 
+            tracker.wait_idle(None)
             return join_with_progress(self._dispatcher, timeout)
-        return bool(self._dispatcher.join(timeout))
+        # Dataflow closures waiting for their producers are not queued yet: wait until
+        # none is, then for the queue, until a join ends with nothing new submitted.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if not tracker.wait_idle(deadline):
+                return False
+            epoch = tracker.epoch
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._dispatcher.join(left):
+                return False
+            tracker.take_pending_error()
+            if tracker.idle() and tracker.epoch == epoch:
+                return True
 
     def done(self) -> bool:
         """Whether every scheduled closure has ended; raises a pending closure error."""
         self._check_open()
-        return bool(self._dispatcher.done())
+        done = bool(self._dispatcher.done())
+        self._dataflow.tracker.take_pending_error()
+        return done and self._dataflow.tracker.idle()
 
     def fetch(self, val: Any) -> Any:
         """``val`` with every RemoteValue in it replaced by its fetched result.
@@ -477,6 +528,7 @@ class ClusterCoordinator:
         self._saver.stop()
         if self._refresher is not None:
             self._refresher.stop()
+        self._dataflow.tracker.stop()
         # Workers that are down release the session after their --state-ttl instead.
         up = [
             w.address for w in self._dispatcher.worker_statuses() if w.state == core.WorkerState.UP
@@ -515,6 +567,11 @@ class ClusterCoordinator:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this ClusterCoordinator has been shut down")
+
+    def _pull(self, value: RemoteValue, timeout: float | None) -> Any:
+        """A kept value, fetched from its holder (``RemoteValue.fetch``)."""
+        self._check_open()
+        return self._dataflow.pull(value, timeout)
 
     def _waiting_hint(self) -> str:
         """Why a closure may not have ended yet, from what the dispatcher knows."""

@@ -56,10 +56,26 @@ class RemoteValue:
         rv.status                    # RemoteValueStatus.READY
     """
 
-    __slots__ = ("__weakref__", "_cell", "_coordinator", "_error", "_lock", "_origin", "_value")
+    __slots__ = (
+        "__weakref__",
+        "_cell",
+        "_coordinator",
+        "_error",
+        "_generation",
+        "_lock",
+        "_name",
+        "_node",
+        "_origin",
+        "_value",
+    )
 
     def __init__(
-        self, cell: Any, coordinator: Callable[[], Any] | None = None, origin: str = ""
+        self,
+        cell: Any,
+        coordinator: Callable[[], Any] | None = None,
+        origin: str = "",
+        node: Any = None,
+        name: str = "",
     ) -> None:
         self._cell = cell
         # A weak reference to the coordinator (called, it gives the coordinator or None),
@@ -70,6 +86,13 @@ class RemoteValue:
         self._lock = threading.Lock()
         self._value: Any = _UNSET
         self._error: BaseException | None = None
+        # Dataflow (coordinator/dataflow.py): the closure's node, when it keeps its result
+        # or takes other results; its cell is then a TrackedCell, re-made by lineage
+        # (each re-make a new generation, so what was decoded is decoded again).
+        self._node = node
+        self._generation = 0
+        # The function's name, for errors naming this closure as a failed input.
+        self._name = name
 
     @property
     def status(self) -> RemoteValueStatus:
@@ -87,6 +110,9 @@ class RemoteValue:
         ``DeadlineExceededError`` if it has not ended within ``timeout`` seconds (the
         closure keeps running; fetch again later).
         """
+        if self._node is not None and self._node.keep:
+            return self._fetch_kept(timeout)
+        self._refresh()
         if self._value is _UNSET and self._error is None:
             seconds = _check_timeout(timeout)
             if not self._cell.wait(seconds):
@@ -98,6 +124,82 @@ class RemoteValue:
         if self._error is not None:
             raise self._error
         return self._value
+
+    # --- dataflow: results kept on a worker ------------------------------------------
+
+    @property
+    def kept(self) -> bool:
+        """Whether the result stays on its worker (``schedule(..., keep_result=True)``)."""
+        return self._node is not None and bool(self._node.keep)
+
+    @property
+    def worker(self) -> int | None:
+        """The index of the worker that produced the value (for a kept value: holds it),
+        or ``None`` until the closure ended with a value.
+
+        Example::
+
+            rv = coordinator.schedule(make_batch, keep_result=True)
+            rv.fetch(); rv.worker        # e.g. 1
+        """
+        return self._cell.worker  # type: ignore[no-any-return]
+
+    @property
+    def spec(self) -> Any:
+        """A kept value's pytree with every array leaf a ``jax.ShapeDtypeStruct`` (waits
+        for the closure; raises its error); ``None`` for a value that came back.
+
+        Example::
+
+            rv = coordinator.schedule(lambda: jnp.zeros((4, 3)), keep_result=True)
+            rv.spec                      # ShapeDtypeStruct(shape=(4, 3), dtype=float32)
+        """
+        return self._kept_info().spec if self.kept else None
+
+    @property
+    def nbytes(self) -> int | None:
+        """Bytes of a kept value's arrays (waits; raises the closure's error); ``None`` for
+        a value that came back."""
+        return int(self._kept_info().nbytes) if self.kept else None
+
+    def _kept_info(self) -> Any:
+        """The ``wire.KeptInfo`` the holder answered (waits for the closure)."""
+        self._refresh()
+        if self._value is _UNSET and self._error is None:
+            self._cell.wait(None)
+            self._settle()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def _error_only(self) -> None:
+        """Raises the closure's error, if it failed (the closure has ended)."""
+        self._refresh()
+        self._settle()
+        if self._error is not None:
+            raise self._error
+
+    def _refresh(self) -> None:
+        """Forgets what was decoded when lineage re-made the value since."""
+        generation = getattr(self._cell, "generation", 0)
+        if generation != self._generation:
+            with self._lock:
+                self._value, self._error, self._generation = _UNSET, None, generation
+
+    def _fetch_kept(self, timeout: float | None) -> Any:
+        """Pulls a kept value from its holder (re-made first if the holder is gone)."""
+        seconds = _check_timeout(timeout)
+        if not self._cell.wait(seconds):
+            raise errors.DeadlineExceededError(
+                f"the closure's result was not ready within timeout={timeout!r} seconds "
+                f"(status {self.status.value}); {self._waiting_hint()}"
+            )
+        coordinator = None if self._coordinator is None else self._coordinator()
+        if coordinator is None:
+            raise RuntimeError(
+                "this kept value's ClusterCoordinator is gone: the value went with its session"
+            )
+        return coordinator._pull(self, seconds)
 
     def _wait(self, timeout: float | None) -> bool:
         """Waits up to ``timeout`` seconds for the closure to end; whether it did."""
@@ -118,7 +220,9 @@ class RemoteValue:
             if self._value is not _UNSET or self._error is not None:
                 return
             result = self._cell.result()
-            if isinstance(result, ClosureError):
+            if isinstance(result, BaseException):  # dataflow: an input's error
+                self._error = result
+            elif isinstance(result, ClosureError):
                 self._error = build_exception(result)
                 if self._origin and result.kind in (
                     core.ErrorKind.USER,

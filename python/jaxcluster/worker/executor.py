@@ -26,6 +26,7 @@ from jaxcluster._native import core
 from jaxcluster.worker.context import swap_current_index
 from jaxcluster.worker.failures import describe_exception
 from jaxcluster.worker.functions import FunctionCache, FunctionLoadError
+from jaxcluster.worker.kept import KeptInputs, ValueReader, kept_info, lend
 from jaxcluster.worker.resources import ResourceInputError, ResourceRegistry
 from jaxcluster.worker.slice import broken, gather_output
 
@@ -46,6 +47,12 @@ class _Answered(Exception):
 class Executor:
     """Runs the jobs a ``jaxcluster._core.WorkerServer`` hands out, one at a time.
 
+    A ``run`` job with ``keep_result_id`` keeps its result in the registry and answers its
+    :class:`~jaxcluster.wire.KeptInfo`; :class:`~jaxcluster.wire.KeptRef` arguments are
+    resolved by :class:`~jaxcluster.worker.kept.KeptInputs` (``peer_unreachable``: why
+    pulls from peers cannot work here, if they cannot), and a :class:`ValueReader` thread,
+    started by :meth:`serve`, answers other workers' reads of kept values.
+
     On a host of a slice (``sliced``), every value is made local to the host before it is
     encoded (:func:`gather_output`, a collective all hosts run), only rank 0's value is
     sent, and rank 0 (given its ``fanout``) forwards each job to its peers and answers once
@@ -65,6 +72,7 @@ class Executor:
         sliced: bool = False,
         fanout: Any = None,
         slice_check: Callable[[], str | None] | None = None,
+        peer_unreachable: str | None = None,
     ) -> None:
         self._server = server
         self._index = worker_index
@@ -78,15 +86,21 @@ class Executor:
         # When a preempted worker stops waiting for preemption saves (seconds since the
         # epoch), fixed the first time it waits.
         self._save_until: float | None = None
+        self._kept = KeptInputs(server, self._resources, worker_index, unreachable=peer_unreachable)
+        self._reader = ValueReader(server, self._resources, worker_index)
         self.jobs_handled = 0
 
     def serve(self, poll_seconds: float = 0.5) -> None:
-        """Handles jobs until the server has begun shutting down and has none left.
+        """Handles jobs until the server has begun shutting down and has none left. Reads
+        of kept values go on (another thread) until the server stops serving or
+        :meth:`close`.
 
         A worker being preempted stays up after that while it holds
         ``on_preemption="save"`` state no preemption save has read yet, until the
         notice's deadline: its coordinators copy that state off it (see
         ``coordinator/device_state.py``)."""
+        if not self._reader.started:
+            self._reader.start()
         while True:
             job = self._server.next_job(poll_seconds)
             if job is None and self._server.draining:
@@ -113,6 +127,10 @@ class Executor:
             # A notice without a deadline: wait as long as a drain may take.
             self._save_until = deadline or time.time() + _SAVE_WAIT_WITHOUT_DEADLINE
         return self._save_until - time.time()
+
+    def close(self) -> None:
+        """Stops serving reads of kept values (call once the server stopped serving)."""
+        self._reader.stop()
 
     def handle(self, job: Any) -> None:
         """Runs one job and answers it; a failure of the executor itself answers INTERNAL."""
@@ -171,6 +189,7 @@ class Executor:
                 pickled,
                 job.buffers,
                 resolve_resource=lambda rid: resources.resolve(session, rid),
+                resolve_kept=self._kept.resolver(session),
             )
         except ResourceInputError as exc:
             raise self._fail(
@@ -229,6 +248,9 @@ class Executor:
             return
         try:
             result = self._call(job)
+            keep = job.keep_result_id
+            if keep is not None:
+                result = self._keep(job, keep, result)
             encoded = wire.encode(result, zero_copy=True)
         except _Answered:
             raise
@@ -236,10 +258,20 @@ class Executor:
             raise self._fail(job, core.ErrorKind.USER, exc) from None
         job.reply_ok(encoded.pickle, encoded.buffers)
 
+    def _keep(self, job: Any, value_id: int, result: Any) -> wire.KeptInfo:
+        """Keeps ``result`` as ``value_id`` of the job's session; what to answer instead."""
+        info = kept_info(result)
+        self._resources.put(job.session, value_id, lend(result), kept=True)
+        self._report(job.session)
+        return info
+
     def _run_sliced(self, job: Any) -> None:
         pending = self._forward(job)
         try:
             result = gather_output(self._call(job))
+            keep = job.keep_result_id
+            if keep is not None and not self._peer:  # rank 0 keeps it, as a resource
+                result = self._keep(job, keep, result)
             encoded = wire.encode(None if self._peer else result, zero_copy=True)
         except _Answered:
             self._settle(pending, failed=True)

@@ -140,6 +140,7 @@ def _serve(
         context.set_worker_auth_token(token)
         tls_cert, tls_key = tls_files(args)
         peer_ca = peer_tls_ca(tls_cert) if config is not None else None
+        dataflow_ca, peer_unreachable = _dataflow_tls(tls_cert, peer_ca)
         if config is not None:
             from jaxcluster.worker.slice import join
 
@@ -155,6 +156,7 @@ def _serve(
             max_function_bytes=args.max_function_bytes,
             previous_exit=describe_exit(os.environ.get(PREVIOUS_EXIT_ENV)),
             state_ttl=args.state_ttl,
+            peer_tls_ca=dataflow_ca,
             **slice_status(config),
             **limit_settings(args),
             **info,
@@ -182,18 +184,22 @@ def _serve(
     try:
         print(f"jaxcluster worker listening on {server.address}", flush=True)
         if slice_parts is None or config is None:
-            Executor(server, index).serve()
+            executor = Executor(server, index, peer_unreachable=peer_unreachable)
         else:
             fanout, slice_watch = slice_parts
             # In a slice the closures' worker index is the slice's (one per slice).
-            Executor(
+            executor = Executor(
                 server,
                 config.index,
                 sliced=True,
                 fanout=fanout,
                 slice_check=slice_watch.check,
-            ).serve()
+                peer_unreachable=peer_unreachable,
+            )
+        executor.serve()
+        # Kept values are still read by peers while the last answers are acknowledged.
         drained = server.shutdown(timeout=30.0)
+        executor.close()
         status = server.status()
         _log.info(
             "worker %d stopped%s after %d closures (%d failed)",
@@ -212,6 +218,26 @@ def _serve(
         if watch is not None:
             watch.stop()
     return 0
+
+
+def _dataflow_tls(
+    tls_cert: bytes | None, slice_ca: bytes | None
+) -> tuple[bytes | None, str | None]:
+    """The CA this worker verifies peers with when it pulls kept values from them, and,
+    when it cannot pull, why: a worker serving TLS never dials a peer in plaintext (its
+    token would travel in clear), so without ``JAXCLUSTER_TLS_CA`` its pulls fail."""
+    if tls_cert is None:
+        return None, None
+    from jaxcluster._tls import TLS_CA_ENV, ca_from_env
+
+    ca = slice_ca if slice_ca is not None else ca_from_env()
+    if ca is None:
+        return None, (
+            f"this worker serves TLS (--tls-cert) but has no CA to verify other workers "
+            f"with: set {TLS_CA_ENV} (path or PEM) where it starts to let it pull kept values "
+            "from them"
+        )
+    return ca, None
 
 
 def _form_slice(

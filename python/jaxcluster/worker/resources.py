@@ -95,14 +95,21 @@ class ResourceRegistry:
         self._name_of: dict[Key, str] = {}
         # Keys whose named value another session adopted -> that session.
         self._adopted: dict[Key, str] = {}
+        # Kept closure results (dataflow): what ReadValue and KeptRef arguments may read.
+        self._kept: set[Key] = set()
         self._worker_index = worker_index
 
-    def put(self, session: str, resource_id: int, value: Any, name: str = "") -> None:
-        """Stores ``value``, replacing whatever ``resource_id`` of ``session`` held."""
+    def put(
+        self, session: str, resource_id: int, value: Any, name: str = "", *, kept: bool = False
+    ) -> None:
+        """Stores ``value``, replacing whatever ``resource_id`` of ``session`` held;
+        ``kept``: a kept closure result (readable by :meth:`kept`)."""
         key = (session, resource_id)
         self._forget(key)
         self._values[key] = value
         self._bytes[key] = nbytes(value)
+        if kept:
+            self._kept.add(key)
         if name:
             self._drop_name(name)
             self._names[name] = key
@@ -132,6 +139,17 @@ class ResourceRegistry:
         self._names[name] = key
         self._name_of[key] = name
         return old[0]
+
+    def kept(self, session: str, value_id: int) -> tuple[bool, Any]:
+        """``(True, value)`` for a kept result ``value_id`` of ``session`` held here, else
+        ``(False, None)``. Safe from the reader thread: single dict lookups."""
+        key = (session, value_id)
+        if key not in self._kept:
+            return False, None
+        try:
+            return True, self._values[key]
+        except KeyError:  # released between the two lookups
+            return False, None
 
     def resolve(self, session: str, resource_id: int) -> Any:
         """The value of ``resource_id`` of ``session``; raises :class:`ResourceInputError`
@@ -198,6 +216,7 @@ class ResourceRegistry:
         )
 
     def _forget(self, key: Key) -> None:
+        self._kept.discard(key)
         self._values.pop(key, None)
         self._bytes.pop(key, None)
         name = self._name_of.pop(key, None)

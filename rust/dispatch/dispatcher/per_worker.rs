@@ -38,6 +38,19 @@ impl Dispatcher {
         args: EncodedValue,
         resources: &[PerWorkerResource],
     ) -> Result<Arc<ResultCell>, DispatchError> {
+        self.schedule_on_keeping(worker, function_hash, args, resources, None)
+    }
+
+    /// [`schedule_on`](Self::schedule_on), the worker keeping the result under
+    /// `keep_result_id` when given (dataflow: a consumer placed where its input lives).
+    pub fn schedule_on_keeping(
+        &self,
+        worker: usize,
+        function_hash: &[u8],
+        args: EncodedValue,
+        resources: &[PerWorkerResource],
+        keep_result_id: Option<u64>,
+    ) -> Result<Arc<ResultCell>, DispatchError> {
         let Some(link) = self.shared.link(worker) else {
             return Err(DispatchError::InvalidArgument(format!(
                 "schedule_on(): there is no worker {worker}; the indices are 0 to {}",
@@ -46,6 +59,7 @@ impl Dispatcher {
         };
         let mut closure = self.closure(function_hash, args, resources)?;
         closure.pinned = Some(worker);
+        closure.keep_result_id = keep_result_id;
         let cell = closure.cell();
         if let Some(why) = unable(&link) {
             let message = format!(
@@ -137,6 +151,43 @@ impl Dispatcher {
             }
         }
         Ok(PerWorkerResource::new(inner))
+    }
+
+    /// A fresh id from the counter per-worker resources draw from: the id a kept result
+    /// (dataflow) is stored under, in one id space with the session's resources.
+    pub fn new_resource_id(&self) -> u64 {
+        NEXT_RESOURCE_ID.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Asks worker `worker` to drop the kept value `value_id` (tagged work, after what is
+    /// queued for that worker). Nothing is sent to a worker out of service: its values went
+    /// with its process, or go with the session's `--state-ttl`.
+    pub fn release_value(&self, worker: usize, value_id: u64) {
+        self.shared.send_releases(value_id, &[worker]);
+    }
+
+    /// Whether worker `worker` is up and has nothing outstanding or queued for it alone:
+    /// dataflow runs a consumer on its input's worker only then ("when that worker is
+    /// free"), else anywhere.
+    pub fn worker_free(&self, worker: usize) -> bool {
+        let Some(link) = self.shared.link(worker) else {
+            return false;
+        };
+        link.state() == LinkState::Up
+            && !link.is_retiring()
+            && link.snapshot().preemption.is_none()
+            && link.counters.outstanding.load(Ordering::Relaxed) == 0
+            && self
+                .shared
+                .queue
+                .tagged_len(Tag::try_from(worker).unwrap_or(Tag::MAX))
+                == 0
+    }
+
+    /// Whether a closure error is pending under `cancel_all` (not raised yet): dataflow
+    /// cancels a consumer that became ready meanwhile instead of queueing it.
+    pub fn failure_pending(&self) -> bool {
+        self.shared.balance.failure_pending()
     }
 
     /// Work queued for worker `index` alone (resource builds and releases), for tests.

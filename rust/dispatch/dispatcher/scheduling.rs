@@ -91,6 +91,7 @@ impl Dispatcher {
             deaths: Vec::new(),
             context: Arc::clone(&self.shared.cancel),
             pinned: None,
+            keep_result_id: None,
         })
     }
 

@@ -467,6 +467,10 @@ impl<T: WorkerTransport> Link<T> {
     /// Settles `closure` with its value or error and tells the queue, per the policy.
     fn finish(&self, closure: Closure, result: Result<EncodedValue, ClosureFailure>) {
         let shared = &self.shared;
+        if result.is_ok() {
+            // Where a kept result lives (dataflow); set before the cell wakes its readers.
+            closure.cell.set_worker(self.index);
+        }
         if closure.pinned().is_some() {
             // Not the queue's (never inflight) and not the user's workload: only its cell
             // hears of it.

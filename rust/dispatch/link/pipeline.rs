@@ -125,6 +125,10 @@ impl<T: WorkerTransport> Link<T> {
     pub(super) fn publish(&self, extra: usize) {
         let count = self.pipeline.outstanding.len() + extra;
         self.slot.publish(count);
+        self.status
+            .counters
+            .outstanding
+            .store(count as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Puts every closure outstanding or held back in the queue and drops the stream (the

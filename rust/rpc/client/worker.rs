@@ -20,6 +20,7 @@ use super::channel::{self, Callee, Peer};
 use super::chunked::{ChunkStream, ChunkedAnswer};
 use crate::rpc::pb;
 use crate::rpc::security::auth::CallHeaders;
+use crate::rpc::wire::chunks;
 use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::RpcError;
 
@@ -279,6 +280,29 @@ impl WorkerClient {
             )
             .await?;
         Ok(response.known)
+    }
+    /// (Dataflow.) The value this client's session kept on the worker under `value_id`,
+    /// as its chunks arrive assembled: the encoded value a closure's result would be.
+    /// `NotFound` when the session holds no such value there.
+    pub async fn read_value(
+        &self,
+        value_id: u64,
+        timeout: Option<Duration>,
+    ) -> Result<pb::Value, RpcError> {
+        let mut c = self.inner.clone();
+        self.callee
+            .call(
+                "ReadValue",
+                timeout,
+                pb::ReadValueRequest { value_id },
+                |r| async move {
+                    let (metadata, incoming, extensions) = c.read_value(r).await?.into_parts();
+                    let (_, encoded) = chunks::read_message(incoming).await?;
+                    let value = chunks::decode(encoded, "a ReadValue answer")?;
+                    Ok(tonic::Response::from_parts(metadata, value, extensions))
+                },
+            )
+            .await
     }
 }
 

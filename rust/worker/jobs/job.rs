@@ -33,6 +33,9 @@ pub enum JobRequest {
         args: Option<pb::Value>,
         /// The coordinator's index for this worker, when it sent one.
         worker_index: Option<i64>,
+        /// (Dataflow.) Keep the result here under this id of the job's session and answer
+        /// with its `KeptInfo` instead of the value.
+        keep_result_id: Option<u64>,
     },
     /// Run `function` on `args` and keep the result as resource `resource_id`.
     CreateResource {

@@ -14,6 +14,7 @@ fn run_request(closure_id: u64) -> JobRequest {
         },
         args: None,
         worker_index: None,
+        keep_result_id: None,
     }
 }
 

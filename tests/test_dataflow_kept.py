@@ -1,0 +1,160 @@
+"""Kept results on real workers (issue 26 part 2): ``keep_result=True``, consumers on the
+holder (no bytes move) or elsewhere (bytes move worker to worker), garbage-collected values
+released, and lineage when the holder is SIGKILLed before or after its consumer started.
+
+Byte counters are the workers' own (``GetStatus``: ``peer_bytes_sent`` /
+``peer_bytes_received``); the coordinator receives only ``KeptInfo`` and small results.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from jaxcluster.coordinator import ClusterCoordinator
+from support.closures import barrier, local_cluster, record_run, runs, wait_for_file, wait_until
+
+MIB = 1 << 20
+
+
+def _ones(directory: str, tag: str, n: int) -> Any:
+    """Runs on a worker: records the run, returns ``n`` float32 ones."""
+    record_run(directory, tag)
+    return np.ones(n, np.float32)
+
+
+def _ones_at_barrier(directory: str, n: int) -> Any:
+    """Runs on a worker: both producers pass the barrier together, so on two workers."""
+    barrier(directory, 2)
+    return np.ones(n, np.float32)
+
+
+def _total(*arrays: Any) -> float:
+    return float(sum(float(a.sum()) for a in arrays))
+
+
+def _gated_total(directory: str, gate: str, array: Any) -> float:
+    """Runs on a worker: marks its start, waits for ``gate``, sums ``array``."""
+    record_run(directory, "consumer")
+    Path(directory, f"started.{os.getpid()}").touch()
+    assert wait_for_file(gate), f"{gate} never appeared"
+    return float(array.sum())
+
+
+def _peer(cluster: Any) -> list[dict[str, int]]:
+    from support.closures import worker_status
+
+    keys = ("peer_bytes_sent", "peer_bytes_received")
+    return [{k: int(worker_status(cluster, i)[k]) for k in keys} for i in range(2)]
+
+
+def _session_bytes(coordinator: ClusterCoordinator, worker: int) -> int:
+    report = coordinator.workers[worker].report
+    sessions = [] if report is None else report.sessions
+    return sum(s.bytes for s in sessions if s.id == coordinator.session_id)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Any]:
+    with local_cluster(2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def coordinator(cluster: Any) -> Iterator[ClusterCoordinator]:
+    with cluster.coordinator(error_policy="per_closure") as c:
+        yield c
+
+
+def test_a_kept_value_reports_its_spec_and_stays_for_a_chain(
+    coordinator: ClusterCoordinator, cluster: Any, tmp_path: Path
+) -> None:
+    before = _peer(cluster)
+    rv = coordinator.schedule(_ones, args=(str(tmp_path), "p", MIB), keep_result=True)
+    assert rv.kept and rv.nbytes == 4 * MIB
+    assert tuple(rv.spec.shape) == (MIB,) and str(rv.spec.dtype) == "float32"
+    holder = rv.worker
+    for _ in range(3):  # each stage runs on the free holder of its input
+        rv = coordinator.schedule(lambda x: x + 1, args=(rv,), keep_result=True)
+        assert rv.nbytes == 4 * MIB and rv.worker == holder
+    total = coordinator.schedule(_total, args=(rv,))
+    assert total.fetch() == 4.0 * MIB
+    assert _peer(cluster) == before  # nothing moved between workers
+    np.testing.assert_array_equal(rv.fetch()[:3], [4, 4, 4])  # pulled on demand
+
+
+def test_fan_in_runs_on_the_bigger_holder_and_pulls_the_rest_peer_to_peer(
+    coordinator: ClusterCoordinator, cluster: Any, tmp_path: Path
+) -> None:
+    small = coordinator.schedule(_ones_at_barrier, args=(str(tmp_path), MIB), keep_result=True)
+    big = coordinator.schedule(_ones_at_barrier, args=(str(tmp_path), 4 * MIB), keep_result=True)
+    assert (small.nbytes, big.nbytes) == (4 * MIB, 16 * MIB)  # waits for both
+    assert {small.worker, big.worker} == {0, 1}
+    before = _peer(cluster)
+    total = coordinator.schedule(lambda d, s: _total(d["b"][0], s), args=({"b": [big]}, small))
+    assert total.fetch(timeout=60) == 5.0 * MIB
+    assert total.worker == big.worker
+    after = _peer(cluster)
+    moved_in = after[big.worker]["peer_bytes_received"] - before[big.worker]["peer_bytes_received"]
+    moved_out = after[small.worker]["peer_bytes_sent"] - before[small.worker]["peer_bytes_sent"]
+    assert 4 * MIB <= moved_in < 4 * MIB + 64 * 1024  # the small value, worker to worker
+    assert moved_out == moved_in
+
+
+def test_a_collected_kept_value_is_released_on_its_worker(
+    coordinator: ClusterCoordinator, tmp_path: Path
+) -> None:
+    rv = coordinator.schedule(_ones, args=(str(tmp_path), "gc", 2 * MIB), keep_result=True)
+    assert rv.nbytes == 8 * MIB
+    holder = rv.worker
+    assert holder is not None
+    held = _session_bytes(coordinator, holder)
+    assert held >= 8 * MIB
+    del rv
+    gc.collect()
+    wait_until(
+        lambda: _session_bytes(coordinator, holder) <= held - 8 * MIB, "the release on the holder"
+    )
+
+
+def test_a_holder_killed_before_its_consumer_ran_remakes_the_value(
+    tmp_path: Path,
+) -> None:
+    with local_cluster(2) as cluster, cluster.coordinator(recovery_timeout=30) as coordinator:
+        producer = coordinator.schedule(_ones, args=(str(tmp_path), "p", MIB), keep_result=True)
+        assert producer.nbytes == 4 * MIB
+        holder = producer.worker
+        assert holder is not None
+        cluster.kill_worker(holder)
+        wait_until(
+            lambda: coordinator.workers[holder].state != "up", "the coordinator to see it down"
+        )
+        consumer = coordinator.schedule(_total, args=(producer,))
+        assert consumer.fetch(timeout=120) == float(MIB)
+        assert len(runs(tmp_path, "p")) == 2  # lineage ran the producer once more
+        assert producer.worker == 1 - holder
+        assert coordinator.join(timeout=60) is True
+
+
+def test_a_holder_killed_after_its_consumer_started_reruns_both(tmp_path: Path) -> None:
+    gate = str(tmp_path / "open")
+    with local_cluster(2) as cluster, cluster.coordinator(recovery_timeout=60) as coordinator:
+        producer = coordinator.schedule(_ones, args=(str(tmp_path), "p", MIB), keep_result=True)
+        assert producer.nbytes == 4 * MIB
+        holder = producer.worker
+        assert holder is not None
+        consumer = coordinator.schedule(_gated_total, args=(str(tmp_path), gate, producer))
+        wait_until(lambda: list(tmp_path.glob("started.*")), "the consumer to start")
+        cluster.kill_worker(holder)
+        cluster.restart_worker(holder)  # same address, a new process: the value is gone
+        Path(gate).touch()
+        assert consumer.fetch(timeout=120) == float(MIB)
+        assert len(runs(tmp_path, "p")) == 2
+        assert coordinator.join(timeout=60) is True
+        assert consumer.fetch() == float(MIB)  # ended once, with the right value
