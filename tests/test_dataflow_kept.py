@@ -168,10 +168,9 @@ def test_kept_values_are_the_sessions_own(cluster: Any, tmp_path: Path) -> None:
     assert rv.nbytes == 4 * MIB
     holder, session = rv.worker, first.session_id
     assert _session_bytes(first, holder) >= 4 * MIB
-    with cluster.coordinator() as second:
-        # Another session cannot take it as an input: the value is not its own.
-        with pytest.raises(ValueError, match="another ClusterCoordinator"):
-            second.schedule(_total, args=(rv,))
+    # Another session cannot take it as an input: the value is not its own.
+    with cluster.coordinator() as second, pytest.raises(ValueError, match="another Cluster"):
+        second.schedule(_total, args=(rv,))
     first.shutdown()  # EndSession: the holder releases what the session kept
     client = core.WorkerClient(cluster.addresses[holder], auth_token=cluster.auth_token)
 
