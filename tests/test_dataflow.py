@@ -21,7 +21,9 @@ from support.closures import local_cluster, wait_for_file
 
 
 def _gated(path: str, value: Any) -> Any:
-    """Runs on a worker: returns ``value`` once ``path`` exists."""
+    """Runs on a worker: marks its start (``path.started``), returns ``value`` once
+    ``path`` exists."""
+    Path(path + ".started").touch()
     assert wait_for_file(path), f"{path} never appeared"
     return value
 
@@ -98,6 +100,7 @@ def test_cancel_all_cancels_waiting_dependents(cluster: Any, tmp_path: Path) -> 
     with cluster.coordinator() as coordinator:
         slow = coordinator.schedule(_gated, args=(gate, 1))
         waiting = coordinator.schedule(lambda x: x, args=(slow,))
+        assert wait_for_file(gate + ".started")  # running, so the failure cannot cancel it
         failing = coordinator.schedule(_fail, args=("first",))
         assert failing._wait(60)
         Path(gate).touch()

@@ -158,3 +158,24 @@ def test_a_holder_killed_after_its_consumer_started_reruns_both(tmp_path: Path) 
         assert len(runs(tmp_path, "p")) == 2
         assert coordinator.join(timeout=60) is True
         assert consumer.fetch() == float(MIB)  # ended once, with the right value
+
+
+def test_kept_values_are_the_sessions_own(cluster: Any, tmp_path: Path) -> None:
+    from jaxcluster._native import core
+
+    first = cluster.coordinator()
+    rv = first.schedule(_ones, args=(str(tmp_path), "s", MIB), keep_result=True)
+    assert rv.nbytes == 4 * MIB
+    holder, session = rv.worker, first.session_id
+    assert _session_bytes(first, holder) >= 4 * MIB
+    # Another session cannot take it as an input: the value is not its own.
+    with cluster.coordinator() as second, pytest.raises(ValueError, match="another Cluster"):
+        second.schedule(_total, args=(rv,))
+    first.shutdown()  # EndSession: the holder releases what the session kept
+    client = core.WorkerClient(cluster.addresses[holder], auth_token=cluster.auth_token)
+
+    def released() -> bool:
+        sessions = client.get_status(timeout=10.0).sessions
+        return all(s.id != session or s.bytes == 0 for s in sessions)
+
+    wait_until(released, "the session's kept value released at shutdown")

@@ -340,6 +340,14 @@ class ClusterCoordinator:
             )
         self._dataflow.tracker.take_pending_error()
         producers = find_remote_values((args, kwargs), RemoteValue) if args or kwargs else []
+        for producer in producers:
+            owner = producer._coordinator
+            if owner is not None and owner() is not self:
+                raise ValueError(
+                    "a RemoteValue of another ClusterCoordinator was passed to schedule(): "
+                    "its value belongs to that coordinator's session; fetch() it there and "
+                    "pass the value instead"
+                )
         if producers or keep_result:
             return self._dataflow.schedule(
                 fn, tuple(args), kwargs, producers, bool(keep_result), self._ref
