@@ -23,7 +23,7 @@ from typing import Any
 from jaxcluster import errors, wire
 from jaxcluster._native import core
 
-__all__ = ["add_note", "build_exception", "rebuild_exception"]
+__all__ = ["add_note", "build_exception", "rebuild_exception", "waiting_hint"]
 
 
 def add_note(exc: BaseException, note: str) -> None:
@@ -122,3 +122,25 @@ def build_exception(error: Any) -> BaseException:
         f"unknown closure error kind {kind!r}; expected 'user', 'function_load', 'input', "
         "'infrastructure' or 'cancelled'"
     )
+
+
+def waiting_hint(workers: Any) -> str:
+    """Why a closure may not have ended yet, from the dispatcher's worker statuses (what
+    ``RemoteValue.fetch(timeout=...)`` adds to its ``DeadlineExceededError``)."""
+    up = [w for w in workers if w.state == core.WorkerState.UP]
+    down = [w for w in workers if w.state != core.WorkerState.UP]
+    troubles = "; ".join(
+        f"worker {w.address} {w.state}" + (f": {w.last_error}" if w.last_error else "")
+        for w in down[:4]
+    ) + (f"; and {len(down) - 4} more" if len(down) > 4 else "")
+    if not up:
+        return (
+            f"no worker is serving ({troubles}); the coordinator keeps reconnecting "
+            "until recovery_timeout= (or JAXCLUSTER_WORKER_RECOVERY_SEC, default 3600 s) "
+            "passes, then fails what is queued with UnavailableError"
+        )
+    hint = (
+        f"it is still queued or running ({len(up)} of {len(workers)} workers serving) — "
+        "fetch again, or call join() first"
+    )
+    return hint + (f"; not serving: {troubles}" if down else "")

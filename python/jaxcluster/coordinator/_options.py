@@ -9,6 +9,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 _ERROR_POLICIES = ("cancel_all", "per_closure")
@@ -145,3 +146,17 @@ def _own_versions() -> _Versions:
         jax_version = ""
     python = sys.version_info
     return _Versions(f"{python.major}.{python.minor}.{python.micro}", jax_version, __version__)
+
+
+def checked_arguments(args: Any, kwargs: Any) -> tuple[tuple[Any, ...] | list[Any], Any]:
+    """``schedule``'s ``args``/``kwargs`` with ``None`` as empty; a clear error for others
+    than a tuple or list and a mapping."""
+    args = () if args is None else args
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(
+            f"schedule(args=...) must be a tuple or list, got {type(args).__qualname__}"
+        )
+    if not isinstance(kwargs, Mapping):
+        raise TypeError(f"schedule(kwargs=...) must be a mapping, got {type(kwargs).__qualname__}")
+    return args, kwargs

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
@@ -19,6 +18,7 @@ from jaxcluster._auth import auth_token_from_env, warn_if_token_in_clear
 from jaxcluster._native import core
 from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
+from jaxcluster.coordinator._errors import waiting_hint
 from jaxcluster.coordinator._host import CoordinatorHost
 from jaxcluster.coordinator._options import (
     _CONNECT_DEFAULT,
@@ -31,9 +31,9 @@ from jaxcluster.coordinator._options import (
     _resolver_and_token,
     _retries_bound,
     _seconds_bound,
-    _worker_addresses,
+    checked_arguments,
 )
-from jaxcluster.coordinator.dataflow import Dataflow, find_remote_values
+from jaxcluster.coordinator.dataflow import Dataflow
 from jaxcluster.coordinator.device_state import PerWorkerState
 from jaxcluster.coordinator.elastic import Membership, Refresher
 from jaxcluster.coordinator.functions import FunctionSerializer
@@ -42,12 +42,7 @@ from jaxcluster.coordinator.placement import WorkerFacts
 from jaxcluster.coordinator.preemption_save import PreemptionSaver
 from jaxcluster.coordinator.remote_value import RemoteValue
 from jaxcluster.coordinator.sessions import end_session, new_session_id
-from jaxcluster.coordinator.slices import (
-    group_slices,
-    slices_argument,
-    slices_resolver,
-    slices_to_add,
-)
+from jaxcluster.coordinator.slices import initial_slices, slices_resolver, slices_to_add
 from jaxcluster.coordinator.structure import map_structure
 
 if TYPE_CHECKING:
@@ -154,21 +149,7 @@ class ClusterCoordinator:
         ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
         ca = ca or ca_from_env()
         self._auth_token, self._tls_ca = token, ca
-        if slices is not None:
-            first = slices_argument(slices)
-            if hosts_per_slice is not None and any(len(g) != hosts_per_slice for g in first):
-                raise ValueError(
-                    f"slices= has slices of {sorted({len(g) for g in first})} hosts "
-                    f"but hosts_per_slice={hosts_per_slice}"
-                )
-            # Given outright, the slices are what a refresh finds too.
-            regroup: Callable[[], list[list[str]]] = lambda: first  # noqa: E731
-        else:
-
-            def regroup() -> list[list[str]]:
-                return group_slices(_worker_addresses(resolver), hosts_per_slice, resolver=resolver)
-
-            first = regroup()
+        first, regroup = initial_slices(resolver, slices, hosts_per_slice)
         self._sliced = sliced = any(len(group) > 1 for group in first)
         # What add_workers groups a flat list of addresses by (None: slices differ).
         sizes = {len(group) for group in first}
@@ -328,26 +309,9 @@ class ClusterCoordinator:
             b.fetch()                    # 1048576.0; the array never came back
         """
         self._check_open()
-        args = () if args is None else args
-        kwargs = {} if kwargs is None else kwargs
-        if not isinstance(args, (tuple, list)):
-            raise TypeError(
-                f"schedule(args=...) must be a tuple or list, got {type(args).__qualname__}"
-            )
-        if not isinstance(kwargs, Mapping):
-            raise TypeError(
-                f"schedule(kwargs=...) must be a mapping, got {type(kwargs).__qualname__}"
-            )
+        args, kwargs = checked_arguments(args, kwargs)
         self._dataflow.tracker.take_pending_error()
-        producers = find_remote_values((args, kwargs), RemoteValue) if args or kwargs else []
-        for producer in producers:
-            owner = producer._coordinator
-            if owner is not None and owner() is not self:
-                raise ValueError(
-                    "a RemoteValue of another ClusterCoordinator was passed to schedule(): "
-                    "its value belongs to that coordinator's session; fetch() it there and "
-                    "pass the value instead"
-                )
+        producers = self._dataflow.producers_of(args, kwargs, self)
         if producers or keep_result:
             return self._dataflow.schedule(
                 fn, tuple(args), kwargs, producers, bool(keep_result), self._ref
@@ -370,25 +334,12 @@ class ClusterCoordinator:
         With ``progress=True`` a ``tqdm`` bar on stderr counts the closures that end.
         """
         self._check_open()
-        tracker = self._dataflow.tracker
         if progress:
             from jaxcluster.progress import join_with_progress
 
-            tracker.wait_idle(None)
+            self._dataflow.tracker.wait_idle(None)
             return join_with_progress(self._dispatcher, timeout)
-        # Dataflow closures waiting for their producers are not queued yet: wait until
-        # none is, then for the queue, until a join ends with nothing new submitted.
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if not tracker.wait_idle(deadline):
-                return False
-            epoch = tracker.epoch
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self._dispatcher.join(left):
-                return False
-            tracker.take_pending_error()
-            if tracker.idle() and tracker.epoch == epoch:
-                return True
+        return self._dataflow.join(timeout)
 
     def done(self) -> bool:
         """Whether every scheduled closure has ended; raises a pending closure error."""
@@ -585,21 +536,4 @@ class ClusterCoordinator:
         """Why a closure may not have ended yet, from what the dispatcher knows."""
         if self._closed:
             return "the coordinator was shut down"
-        workers = self._dispatcher.worker_statuses()
-        up = [w for w in workers if w.state == core.WorkerState.UP]
-        down = [w for w in workers if w.state != core.WorkerState.UP]
-        troubles = "; ".join(
-            f"worker {w.address} {w.state}" + (f": {w.last_error}" if w.last_error else "")
-            for w in down[:4]
-        ) + (f"; and {len(down) - 4} more" if len(down) > 4 else "")
-        if not up:
-            return (
-                f"no worker is serving ({troubles}); the coordinator keeps reconnecting "
-                "until recovery_timeout= (or JAXCLUSTER_WORKER_RECOVERY_SEC, default 3600 s) "
-                "passes, then fails what is queued with UnavailableError"
-            )
-        hint = (
-            f"it is still queued or running ({len(up)} of {len(workers)} workers serving) — "
-            "fetch again, or call join() first"
-        )
-        return hint + (f"; not serving: {troubles}" if down else "")
+        return waiting_hint(self._dispatcher.worker_statuses())

@@ -39,7 +39,12 @@ from typing import Any
 
 from jaxcluster import errors, wire
 from jaxcluster._native import core
-from jaxcluster.coordinator.dataflow_nodes import Node, TrackedCell, find_remote_values
+from jaxcluster.coordinator.dataflow_nodes import (
+    Node,
+    TrackedCell,
+    find_remote_values,
+    producers_of,
+)
 from jaxcluster.coordinator.structure import map_structure
 
 __all__ = ["Dataflow", "Node", "TrackedCell", "Tracker", "find_remote_values"]
@@ -396,6 +401,27 @@ class Dataflow:
         self.tracker = Tracker(
             dispatcher, self.submit, lambda rv: getattr(rv, "_node", None), max_remakes
         )
+
+    def producers_of(self, args: Any, kwargs: Any, coordinator: Any) -> list[Any]:
+        """The RemoteValues among a closure's arguments (each of ``coordinator``)."""
+        return producers_of(args, kwargs, self._remote_value, coordinator)
+
+    def join(self, timeout: float | None) -> bool:
+        """``ClusterCoordinator.join``: closures waiting for their producers are not queued
+        yet, so wait until none is, then for the queue, until a join ends with nothing new
+        submitted. ``False`` once ``timeout`` passed."""
+        tracker = self.tracker
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if not tracker.wait_idle(deadline):
+                return False
+            epoch = tracker.epoch
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._dispatcher.join(left):
+                return False
+            tracker.take_pending_error()
+            if tracker.idle() and tracker.epoch == epoch:
+                return True
 
     def schedule(
         self,

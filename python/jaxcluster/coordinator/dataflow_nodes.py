@@ -32,6 +32,21 @@ def find_remote_values(value: Any, kind: type) -> list[Any]:
     return found
 
 
+def producers_of(args: Any, kwargs: Any, kind: type, coordinator: Any) -> list[Any]:
+    """The RemoteValues (of type ``kind``) among ``args``/``kwargs``; one made by another
+    coordinator than ``coordinator`` is refused, its value being that session's."""
+    producers = find_remote_values((args, kwargs), kind) if args or kwargs else []
+    for producer in producers:
+        owner = producer._coordinator
+        if owner is not None and owner() is not coordinator:
+            raise ValueError(
+                "a RemoteValue of another ClusterCoordinator was passed to schedule(): "
+                "its value belongs to that coordinator's session; fetch() it there and "
+                "pass the value instead"
+            )
+    return producers
+
+
 class TrackedCell:
     """The cell of a dataflow closure's ``RemoteValue``: the node's current Rust cell, or
     a Python outcome (an input's error, a cancellation) when no closure ran."""

@@ -24,10 +24,18 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["group_slices", "slices_argument", "slices_resolver", "slices_to_add"]
+from jaxcluster.coordinator._options import _worker_addresses
+
+__all__ = [
+    "group_slices",
+    "initial_slices",
+    "slices_argument",
+    "slices_resolver",
+    "slices_to_add",
+]
 
 
 def slices_argument(slices: Any) -> list[list[str]]:
@@ -139,3 +147,23 @@ def slices_to_add(addresses: Any, hosts_per_slice: int | None) -> list[list[str]
                     "joins only with all of its hosts"
                 )
     return checked
+
+
+def initial_slices(
+    resolver: Any, slices: Any, hosts_per_slice: int | None
+) -> tuple[list[list[str]], Callable[[], list[list[str]]]]:
+    """A coordinator's first slices (one host each when unsliced) and how a refresh finds
+    them again: from ``slices=`` given outright, or by grouping the resolver's workers."""
+    if slices is not None:
+        first = slices_argument(slices)
+        if hosts_per_slice is not None and any(len(g) != hosts_per_slice for g in first):
+            raise ValueError(
+                f"slices= has slices of {sorted({len(g) for g in first})} hosts "
+                f"but hosts_per_slice={hosts_per_slice}"
+            )
+        return first, lambda: first  # given outright: what a refresh finds too
+
+    def regroup() -> list[list[str]]:
+        return group_slices(_worker_addresses(resolver), hosts_per_slice, resolver=resolver)
+
+    return regroup(), regroup
