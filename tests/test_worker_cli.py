@@ -185,3 +185,31 @@ def test_a_clean_stop_leaves_no_fatal_error_on_stderr(stop: str) -> None:
             proc.wait()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             stream.close()
+
+
+def test_a_notice_before_the_handlers_exist_is_held_and_delivered_to_them() -> None:
+    """SIGTERM (or ``--preemption-signal``) arriving while the worker starts up — its
+    server may already answer — reaches the drain/preemption handlers once they exist,
+    instead of killing the worker with the default action."""
+    import argparse
+    import os
+    import signal
+
+    from jaxcluster.worker.main import _SignalsHeld
+
+    before = {n: signal.getsignal(n) for n in (signal.SIGTERM, signal.SIGUSR1)}
+    seen: list[int] = []
+    try:
+        held = _SignalsHeld(argparse.Namespace(preemption_signal="USR1"))
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert seen == []  # held, not acted on
+        signal.signal(signal.SIGTERM, lambda n, f: seen.append(n))  # the real handler
+        held.deliver()
+        # SIGTERM once, to the handler now installed; USR1 (never received) was taken
+        # over by no handler: its default action is back.
+        assert seen == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)

@@ -78,6 +78,34 @@ def _install_signal_handlers(server: Any) -> None:
     signal.signal(signal.SIGINT, drain)
 
 
+class _SignalsHeld:
+    """SIGTERM (and ``--preemption-signal``) received while the worker starts up, before
+    its drain and preemption handlers exist: recorded, then raised again once they do
+    (:meth:`deliver`). Without this, a notice sent as soon as the worker answers — a
+    coordinator may see it serving before its handlers are installed — killed it at once
+    with the default action, losing the running closure's answer and the notice."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._received: list[int] = []
+        self._numbers = {int(signal.SIGTERM)}
+        if args.preemption_signal:
+            self._numbers.add(signal_number(args.preemption_signal))
+        for number in self._numbers:
+            signal.signal(number, self._hold)
+
+    def _hold(self, signum: int, frame: FrameType | None) -> None:
+        self._received.append(signum)
+
+    def deliver(self) -> None:
+        """Raises each held signal again, now that the real handlers are installed."""
+        for number in self._numbers:  # no handler took it over: its default action again
+            if signal.getsignal(number) == self._hold:
+                signal.signal(number, signal.SIG_DFL)
+        received, self._received = self._received, []
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs a worker with parsed ``args`` until it is shut down; returns the exit status.
     A host of a multi-host slice runs as the supervisor of its serving process (see
@@ -131,6 +159,9 @@ def _serve(
         configure_logging(args)
         if args.preemption_signal:
             signal_number(args.preemption_signal)  # refused here, before serving
+        # The server answers as soon as it is made, before its handlers are installed:
+        # a notice arriving in between is held and delivered to them, never lost.
+        held = _SignalsHeld(args)
         if resolved is None:
             token, address, index = task_settings(args, job="worker", prog="jaxcluster worker")
             config = slice_config(args, index)
@@ -178,6 +209,7 @@ def _serve(
     _install_signal_handlers(server)
     preemption = PreemptionWatch(server, args)
     preemption.start()
+    held.deliver()
     watch = ParentWatch(server) if args.stop_on_stdin_eof else None
     if watch is not None:
         watch.start()
