@@ -74,6 +74,9 @@ pub struct ClosureFailure {
     pub worker: String,
     /// The ps task a parameter-server failure names (`ClosureError.ps_task`), else `None`.
     pub ps_task: Option<i64>,
+    /// For an input failure, the per-worker resource or kept value that could not be used
+    /// (`ClosureError.resource_id`): the dataflow re-makes a lost kept value by this id.
+    pub resource_id: Option<u64>,
 }
 
 impl ClosureFailure {
@@ -88,6 +91,7 @@ impl ClosureFailure {
             pickled_exception: Vec::new(),
             worker: worker.to_owned(),
             ps_task: None,
+            resource_id: None,
         }
     }
 
@@ -123,6 +127,7 @@ impl ClosureFailure {
             pickled_exception,
             worker: worker.to_owned(),
             ps_task: error.ps_task,
+            resource_id: error.resource_id,
         }
     }
 
@@ -182,6 +187,16 @@ mod tests {
         let failure = ClosureFailure::from_worker(error, "w");
         assert_eq!(failure.ps_task, Some(1));
         assert_eq!(failure.as_input().ps_task, Some(1));
+        assert_eq!(failure.resource_id, None);
+    }
+
+    #[test]
+    fn the_resource_of_a_worker_input_error_is_kept() {
+        let mut error = worker_error(pb::ErrorKind::Input, vec![]);
+        error.resource_id = Some(42);
+        let failure = ClosureFailure::from_worker(error, "w");
+        assert_eq!(failure.kind, FailureKind::Input);
+        assert_eq!(failure.resource_id, Some(42));
     }
 
     #[test]

@@ -98,7 +98,7 @@ impl PyClosureError {
             exception_buffers: Vec::new(),
             worker: failure.worker.clone(),
             ps_task: failure.ps_task,
-            resource_id: None,
+            resource_id: failure.resource_id,
         }
     }
 

@@ -183,7 +183,7 @@ class Tracker:
         result = node.cell._cell.result()
         kind = getattr(result, "kind", None)
         if kind == core.ErrorKind.INPUT:
-            lost = self._kept_input(node, result.resource_id, str(result.message))
+            lost = self._kept_input(node, result.resource_id)
             if lost is not None and node.input_failures < self._max_remakes:
                 node.input_failures += 1
                 _log.info(
@@ -216,16 +216,14 @@ class Tracker:
                 return
         node.cell.finish()
 
-    def _kept_input(self, node: Node, value_id: int | None, message: str) -> Node | None:
-        """The kept input an input error is about: by its ``resource_id``, or (a worker
-        that did not set it) by the message naming the kept value's id."""
+    def _kept_input(self, node: Node, value_id: int | None) -> Node | None:
+        """The kept input an input error is about, by the error's ``resource_id`` (the
+        worker names the kept value it could not read)."""
+        if value_id is None:
+            return None
         for producer in node.producers:
             source = self._node_of(producer)
-            if source is None or not source.keep or source.value_id is None:
-                continue
-            if value_id is not None and source.value_id == value_id:
-                return source
-            if value_id is None and f"kept value {source.value_id} " in message:
+            if source is not None and source.keep and source.value_id == value_id:
                 return source
         return None
 

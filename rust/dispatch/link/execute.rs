@@ -249,6 +249,7 @@ fn released_input(resource: &ResourceInner, worker: &str) -> ClosureFailure {
     );
     ClosureFailure {
         kind: FailureKind::Input,
+        resource_id: Some(resource.id),
         ..ClosureFailure::infra(tonic::Code::FailedPrecondition, message, worker)
     }
 }
