@@ -20,10 +20,49 @@ use crate::queue::WaitPolicy;
 use crate::rpc::RpcError;
 use crate::runtime::runtime;
 
-/// How often a blocked call takes the GIL to run signal handlers: the longest Ctrl-C waits
-/// to be noticed. Each check costs a GIL round trip (a few microseconds), so 20 a second is
-/// free for a wait and quick for a person.
+/// How often a blocked call on Python's main thread takes the GIL to run signal handlers:
+/// the longest Ctrl-C waits to be noticed. Each check costs a GIL round trip (a few
+/// microseconds), so 20 a second is free for a wait and quick for a person.
 pub(crate) const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// How often a blocked call on any other thread wakes. Python runs signal handlers only on
+/// its main thread, so a check elsewhere does nothing: an idle worker's executor and value
+/// reader waited in 50 ms slices and woke 40 times a second for nothing (an idle worker
+/// was at 49 wake-ups a second). The waits end when notified, not by polling; the slice is
+/// kept, long, only as a bound should a notification ever be missed.
+const OFF_MAIN_POLL: Duration = Duration::from_secs(1);
+
+thread_local! {
+    /// Whether this OS thread is Python's main thread, learnt on its first wait (a thread
+    /// never becomes or stops being the main thread).
+    static ON_MAIN_THREAD: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// How long a wait on the calling thread may block before it checks for signals:
+/// [`SIGNAL_POLL`] on Python's main thread, where handlers run, [`OFF_MAIN_POLL`] elsewhere.
+pub(crate) fn signal_poll(py: Python<'_>) -> Duration {
+    let on_main = ON_MAIN_THREAD.with(|cached| {
+        if let Some(known) = cached.get() {
+            return known;
+        }
+        let known = is_main_thread(py).unwrap_or(true); // unknown: poll as the main thread
+        cached.set(Some(known));
+        known
+    });
+    if on_main {
+        SIGNAL_POLL
+    } else {
+        OFF_MAIN_POLL
+    }
+}
+
+/// `threading.get_ident() == threading.main_thread().ident`.
+fn is_main_thread(py: Python<'_>) -> PyResult<bool> {
+    let threading = py.import("threading")?;
+    let main = threading.call_method0("main_thread")?.getattr("ident")?;
+    let current = threading.call_method0("get_ident")?;
+    main.eq(current)
+}
 
 /// How long stopping a server lets in-flight RPCs complete after closing the listener.
 const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -92,13 +131,14 @@ pub(crate) fn with_wait_policy<R: Send>(
     deadline: Option<Instant>,
     op: impl FnOnce(&mut WaitPolicy<'_>) -> R + Send,
 ) -> (R, Option<PyErr>) {
+    let every = signal_poll(py);
     detach_interruptible(py, |check| {
-        let mut policy = WaitPolicy::until(deadline).interruptible(SIGNAL_POLL, check);
+        let mut policy = WaitPolicy::until(deadline).interruptible(every, check);
         op(&mut policy)
     })
 }
 
-/// Calls `ready(slice)` (which may block up to `slice`) until it returns `true`, the
+/// Calls `ready(slice)` (which may block up to `slice`, a [`signal_poll`]) until it returns `true`, the
 /// `timeout` passes (`false`), or a signal handler raises (its exception).
 pub(crate) fn wait_in_slices(
     py: Python<'_>,
@@ -106,9 +146,10 @@ pub(crate) fn wait_in_slices(
     mut ready: impl FnMut(Duration) -> bool + Send,
 ) -> PyResult<bool> {
     let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+    let every = signal_poll(py);
     let (result, raised) = detach_interruptible(py, |check| loop {
-        let slice = deadline.map_or(SIGNAL_POLL, |d| {
-            d.saturating_duration_since(Instant::now()).min(SIGNAL_POLL)
+        let slice = deadline.map_or(every, |d| {
+            d.saturating_duration_since(Instant::now()).min(every)
         });
         if ready(slice) {
             return Some(true);
@@ -132,9 +173,10 @@ where
 {
     let rt = runtime_or_err()?;
     let mut future = Box::pin(future);
+    let every = signal_poll(py);
     let (result, raised) = detach_interruptible(py, |check| loop {
         // The timer must be created inside the runtime, hence the async block.
-        let polled = rt.block_on(async { tokio::time::timeout(SIGNAL_POLL, &mut future).await });
+        let polled = rt.block_on(async { tokio::time::timeout(every, &mut future).await });
         match polled {
             Ok(result) => return Some(result),
             Err(_elapsed) if check() => return None,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-use super::blocking::{detach_interruptible, interrupted, SIGNAL_POLL};
+use super::blocking::{detach_interruptible, interrupted, signal_poll};
 use super::convert::duration;
 use crate::dispatch::CellWatch;
 
@@ -29,8 +29,9 @@ impl PyCellWatch {
     fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<Vec<u64>> {
         let timeout = duration(timeout, "CellWatch.wait(): timeout")?;
         let deadline = timeout.and_then(|t| std::time::Instant::now().checked_add(t));
+        let every = signal_poll(py);
         let (ids, raised) = detach_interruptible(py, |check| {
-            self.inner.wait_interruptible(deadline, SIGNAL_POLL, check)
+            self.inner.wait_interruptible(deadline, every, check)
         });
         ids.map_err(|_| interrupted(raised))
     }

@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
 use super::blocking::{
-    detach_interruptible, in_runtime, interrupted, wait_in_slices, with_wait_policy, SIGNAL_POLL,
+    detach_interruptible, in_runtime, interrupted, signal_poll, wait_in_slices, with_wait_policy,
 };
 use super::buffer::{bytes_of, bytes_of_all};
 use super::convert::{duration, to_bytes};
@@ -387,8 +387,9 @@ impl PyResultCell {
         if self.inner.outcome().is_some() {
             return Ok(true); // no GIL hand-off for a value that is already there
         }
+        let every = signal_poll(py);
         let (waited, raised) = detach_interruptible(py, |check| {
-            self.inner.wait_interruptible(deadline, SIGNAL_POLL, check)
+            self.inner.wait_interruptible(deadline, every, check)
         });
         waited.map_err(|_| interrupted(raised))
     }
