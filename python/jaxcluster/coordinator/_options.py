@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from jaxcluster._auth import auth_token_from_env
+from jaxcluster._tls import ca_from_env, load_ca
+
 _ERROR_POLICIES = ("cancel_all", "per_closure")
 
 
@@ -160,3 +163,42 @@ def checked_arguments(args: Any, kwargs: Any) -> tuple[tuple[Any, ...] | list[An
     if not isinstance(kwargs, Mapping):
         raise TypeError(f"schedule(kwargs=...) must be a mapping, got {type(kwargs).__qualname__}")
     return args, kwargs
+
+
+def checked_options(
+    *,
+    max_queue_size: int,
+    error_policy: str,
+    closure_timeout: Any,
+    max_closure_retries: Any,
+    heartbeat_timeout: Any,
+    connect_timeout: Any,
+    recovery_timeout: Any,
+    refresh_interval: Any,
+    metrics_port: Any,
+) -> tuple[int | None, float | None, float | None]:
+    """``ClusterCoordinator``'s options checked, each bad one a clear error; returns the
+    retry bound and the heartbeat and connect timeouts with their environment defaults
+    applied."""
+    _check_options(max_queue_size, error_policy, closure_timeout)
+    retries = _retries_bound(max_closure_retries)
+    heartbeat = _seconds_bound("heartbeat_timeout", heartbeat_timeout)
+    connect = _seconds_bound("connect_timeout", connect_timeout)
+    _check_seconds("recovery_timeout", recovery_timeout)
+    _check_seconds("refresh_interval", refresh_interval)
+    _check_metrics_port(metrics_port)
+    return retries, heartbeat, connect
+
+
+def credentials(source: Any, auth_token: str | None, tls_ca: Any) -> tuple[Any, str | None, Any]:
+    """The resolver behind ``source`` (a resolver or a strategy), the token (given, the
+    strategy's, or ``JAXCLUSTER_AUTH_TOKEN``) and the CA (given, the strategy's, or
+    ``JAXCLUSTER_TLS_CA``)."""
+    resolver, strategy_token = _resolver_and_token(source)
+    token = auth_token or strategy_token or auth_token_from_env()
+    # A strategy's CA serves its workers too (it has the same cluster's certificates),
+    # whether the strategy came positionally (SPEC: ClusterCoordinator(strategy)) or as
+    # strategy=.
+    strategy_ca = getattr(source, "tls_ca", None) if source is not resolver else None
+    ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
+    return resolver, token, ca or ca_from_env()

@@ -14,9 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from jaxcluster._auth import auth_token_from_env, warn_if_token_in_clear
+from jaxcluster._auth import warn_if_token_in_clear
 from jaxcluster._native import core
-from jaxcluster._tls import ca_from_env, load_ca
 from jaxcluster.coordinator import _encoding
 from jaxcluster.coordinator._errors import waiting_hint
 from jaxcluster.coordinator._host import CoordinatorHost
@@ -24,14 +23,10 @@ from jaxcluster.coordinator._options import (
     _CONNECT_DEFAULT,
     _HEARTBEAT_DEFAULT,
     _RETRIES_DEFAULT,
-    _check_metrics_port,
-    _check_options,
-    _check_seconds,
     _own_versions,
-    _resolver_and_token,
-    _retries_bound,
-    _seconds_bound,
     checked_arguments,
+    checked_options,
+    credentials,
 )
 from jaxcluster.coordinator.dataflow import Dataflow
 from jaxcluster.coordinator.device_state import PerWorkerState
@@ -132,22 +127,19 @@ class ClusterCoordinator:
                 "ClusterCoordinator takes exactly one of cluster_resolver (positional) or "
                 "strategy=; got " + ("both" if strategy is not None else "neither")
             )
-        _check_options(max_queue_size, error_policy, closure_timeout)
-        retries = _retries_bound(max_closure_retries)
-        heartbeat = _seconds_bound("heartbeat_timeout", heartbeat_timeout)
-        connect = _seconds_bound("connect_timeout", connect_timeout)
-        _check_seconds("recovery_timeout", recovery_timeout)
-        _check_seconds("refresh_interval", refresh_interval)
-        _check_metrics_port(metrics_port)
+        retries, heartbeat, connect = checked_options(
+            max_queue_size=max_queue_size,
+            error_policy=error_policy,
+            closure_timeout=closure_timeout,
+            max_closure_retries=max_closure_retries,
+            heartbeat_timeout=heartbeat_timeout,
+            connect_timeout=connect_timeout,
+            recovery_timeout=recovery_timeout,
+            refresh_interval=refresh_interval,
+            metrics_port=metrics_port,
+        )
         source = cluster_resolver if strategy is None else strategy
-        resolver, strategy_token = _resolver_and_token(source)
-        token = auth_token or strategy_token or auth_token_from_env()
-        # A strategy's CA serves its workers too (it has the same cluster's certificates),
-        # whether the strategy came positionally (SPEC: ClusterCoordinator(strategy)) or as
-        # strategy=.
-        strategy_ca = getattr(source, "tls_ca", None) if source is not resolver else None
-        ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
-        ca = ca or ca_from_env()
+        resolver, token, ca = credentials(source, auth_token, tls_ca)
         self._auth_token, self._tls_ca = token, ca
         first, regroup = initial_slices(resolver, slices, hosts_per_slice)
         self._sliced = sliced = any(len(group) > 1 for group in first)
