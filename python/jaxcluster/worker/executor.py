@@ -236,7 +236,12 @@ class Executor:
                 broken(reason)
 
     def _forward(self, job: Any) -> Any:
-        return None if self._fanout is None else self._fanout.send(job)
+        if self._fanout is None:
+            return None
+        # After a notice rank 0 runs only preemption saves (and the closure it was running):
+        # forwarded as saves, so a peer draining for its own notice runs them too.
+        save = self._server.draining and self._server.status().preemption_source is not None
+        return self._fanout.send(job, preemption_save=save)
 
     def _settle(self, pending: Any, *, failed: bool = False) -> Any:
         """Waits for the peers' parts of a job rank 0 forwarded; their first error."""
