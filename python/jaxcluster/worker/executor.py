@@ -116,12 +116,13 @@ class Executor:
 
     def _save_window(self) -> float:
         """Seconds a draining worker still waits for preemption saves: until its notice's
-        deadline while some ``on_preemption="save"`` state was not read; 0 otherwise."""
-        if not self._resources.awaiting_preemption_save():
-            return 0.0
+        deadline while some live session's ``on_preemption="save"`` state was not read; 0
+        otherwise (a session ended or vanished past its ``--state-ttl`` sends no save)."""
         status = self._server.status()
         if status.preemption_source is None:
             return 0.0  # drained without a notice (SIGINT, a shutdown): nothing to save for
+        if not self._resources.awaiting_preemption_save({s.id for s in status.sessions}):
+            return 0.0
         if self._save_until is None:
             deadline = status.preemption_deadline
             # A notice without a deadline: wait as long as a drain may take.
