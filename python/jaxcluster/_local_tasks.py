@@ -102,7 +102,10 @@ class TaskProcess:
         assert self.popen.stdout is not None
         announced = False
         for line in self.popen.stdout:
-            self.preempted_by = preempted_source(line) or self.preempted_by
+            preempted = preempted_source(line)
+            if preempted is not None:  # for the next process (_how_it_ended), not the user
+                self.preempted_by = preempted
+                continue
             match = _LISTENING.match(line)
             if not announced and match and match.group(1) == self.job:
                 announced = True
