@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ import pytest
 from jaxcluster import LocalCluster
 from jaxcluster.coordinator import DeviceState
 from jaxcluster.coordinator.device_state import PreemptionSaves
-from support.closures import TESTS_DIR, local_cluster, wait_until
+from support.closures import TESTS_DIR, local_cluster, wait_until, worker_status
 from support.workers import pid_gone
 
 jax = pytest.importorskip("jax")
@@ -178,3 +180,52 @@ def test_a_preempted_worker_rebuilds_its_state_from_init_fn_by_default(
         )
         assert [n for _, n in after] == list(range(1, len(after) + 1))  # from init_fn
         assert inits(tmp_path, second) == 1
+
+
+_VANISHING_COORDINATOR = """
+import sys, time
+import numpy as np
+from jaxcluster import ClusterSpec
+from jaxcluster.cluster_resolver import SimpleClusterResolver
+from jaxcluster.coordinator import ClusterCoordinator
+
+resolver = SimpleClusterResolver(ClusterSpec({"worker": sys.argv[1].split(",")}))
+coordinator = ClusterCoordinator(resolver)
+state = coordinator.create_per_worker_state(
+    lambda: {"n": np.zeros((), np.int32)}, on_preemption="save"
+)
+coordinator.schedule(lambda s: int(s.value["n"]), args=(state,)).fetch(timeout=120)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_preempted_worker_leaves_once_no_live_session_can_save(tmp_path: Path) -> None:
+    """Its coordinator SIGKILLed, nobody will read the state: the worker waits for the
+    session's --state-ttl (the coordinator might still come back), then leaves, long
+    before its notice's deadline."""
+    grace, ttl = 120.0, 2.0
+    with LocalCluster(1, state_ttl=ttl, worker_args=["--preemption-grace", str(grace)]) as local:
+        env = {**os.environ, "JAXCLUSTER_AUTH_TOKEN": local.auth_token}
+        script = tmp_path / "coordinator.py"
+        script.write_text(_VANISHING_COORDINATOR)
+        coordinator = subprocess.Popen(
+            [sys.executable, str(script), ",".join(local.addresses)],
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
+        try:
+            assert coordinator.stdout is not None
+            assert coordinator.stdout.readline().strip() == "ready"
+            report = worker_status(local, 0)
+            assert sum(s["resources"] for s in report["sessions"]) == 1  # the save state
+        finally:
+            coordinator.kill()
+            coordinator.wait()
+        worker = local.worker_pid(0)
+        assert worker is not None
+        os.kill(worker, signal.SIGTERM)  # the notice: its state awaits a save
+        noticed = time.monotonic()
+        wait_until(lambda: pid_gone(worker), "the worker to leave", timeout=grace / 2)
+        assert time.monotonic() - noticed < grace / 2

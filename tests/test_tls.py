@@ -3,23 +3,18 @@ verify them against tls_ca; plaintext or a foreign CA fails before anything runs
 
 from __future__ import annotations
 
-import datetime
 import hashlib
-import ipaddress
 import subprocess
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cloudpickle
 import numpy as np
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from jaxcluster import ClusterSpec
 from jaxcluster._native import core
@@ -27,6 +22,7 @@ from jaxcluster.cluster_resolver import SimpleClusterResolver
 from jaxcluster.coordinator import ClusterCoordinator
 from jaxcluster.errors import UnavailableError
 from jaxcluster.strategy import ParameterServerStrategy, ParameterServerVariable
+from support.pki import Pki, make_pki
 from support.workers import WorkerProc, launch, running_worker
 
 # Closures defined here travel by value: workers cannot import this test module.
@@ -36,90 +32,10 @@ TOKEN = "test-token"
 DEADLINE = 120.0
 
 
-@dataclass
-class Pki:
-    ca: Path
-    cert: Path
-    key: Path
-    other_ca: Path
-
-
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name(common_name))
-        .issuer_name(_name(common_name))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    return key, cert
-
-
-def _pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """A CA, a server certificate it signed for 127.0.0.1/localhost, and an unrelated CA."""
-    root = tmp_path_factory.mktemp("pki")
-    ca_key, ca_cert = _ca("jaxcluster test CA")
-    _, other_cert = _ca("some other CA")
-    server_key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    server_cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("localhost"))
-        .issuer_name(ca_cert.subject)
-        .public_key(server_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = Pki(root / "ca.pem", root / "server.pem", root / "server.key", root / "other.pem")
-    paths.ca.write_bytes(_pem(ca_cert))
-    paths.other_ca.write_bytes(_pem(other_cert))
-    paths.cert.write_bytes(_pem(server_cert))
-    paths.key.write_bytes(
-        server_key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")

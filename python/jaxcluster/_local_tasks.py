@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from jaxcluster import errors
-from jaxcluster._task_process import PREVIOUS_EXIT_ENV
+from jaxcluster._task_process import PREEMPTED_EXIT, PREVIOUS_EXIT_ENV, preempted_source
 
 if TYPE_CHECKING:
     from jaxcluster._core import PsClient, PsStatus, WorkerClient, WorkerReport
@@ -90,6 +90,8 @@ class TaskProcess:
             start_new_session=own_group,
         )
         self.tail: deque[str] = deque(maxlen=20)
+        #: The source of the preemption notice the process said it drained after.
+        self.preempted_by: str | None = None
         self._ready: queue.Queue[str | None] = queue.Queue()
         self._reader = threading.Thread(
             target=self._read, name=f"jaxcluster-{job}-{index}-output", daemon=True
@@ -100,6 +102,10 @@ class TaskProcess:
         assert self.popen.stdout is not None
         announced = False
         for line in self.popen.stdout:
+            preempted = preempted_source(line)
+            if preempted is not None:  # for the next process (_how_it_ended), not the user
+                self.preempted_by = preempted
+                continue
             match = _LISTENING.match(line)
             if not announced and match and match.group(1) == self.job:
                 announced = True
@@ -109,6 +115,10 @@ class TaskProcess:
             with contextlib.suppress(ValueError, OSError):  # stdout closed at shutdown
                 sys.stdout.write(f"[{self.job} {self.index}] {line}")
         self._ready.put(None)
+
+    def wait_output(self, timeout: float = 5.0) -> None:
+        """Waits (bounded) until the ended process's output was read to its end."""
+        self._reader.join(timeout)
 
     def wait_listening(self, deadline: float) -> str:
         """The address from the process's listening line; raises if it never comes."""
@@ -242,7 +252,7 @@ class TaskGroup:
             )
         return self._processes[index]
 
-    def _spawn(self, index: int, previous_exit: int | None = None) -> None:
+    def _spawn(self, index: int, previous_exit: int | str | None = None) -> None:
         # A task started again learns how its predecessor ended (the worker reports it in
         # GetStatus, so a coordinator can say how the workers under a closure died).
         env = {k: v for k, v in self._env.items() if k != PREVIOUS_EXIT_ENV}
@@ -288,7 +298,7 @@ class TaskGroup:
         waits up to ``timeout`` seconds until it answers ``GetStatus``."""
         self.kill(index)
         previous = self._processes[index]
-        self._spawn(index, None if previous is None else previous.popen.returncode)
+        self._spawn(index, None if previous is None else _how_it_ended(previous))
         try:
             self._await_ready(index, time.monotonic() + timeout)
         except BaseException:
@@ -298,3 +308,12 @@ class TaskGroup:
     def stop(self) -> None:
         """SIGTERM every task, SIGKILL those still alive after a grace period. Idempotent."""
         self._finalizer()
+
+
+def _how_it_ended(process: TaskProcess) -> int | str | None:
+    """What the next process of a task learns of ``process`` (:data:`PREVIOUS_EXIT_ENV`):
+    its preemption when it said it drained after a notice, else its exit status."""
+    process.wait_output()
+    if process.preempted_by is not None:
+        return f"{PREEMPTED_EXIT}{process.preempted_by}"
+    return process.popen.returncode

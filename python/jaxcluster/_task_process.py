@@ -26,12 +26,15 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "LOG_FORMAT",
     "LOG_LEVEL_ENV",
+    "PREEMPTED_EXIT",
     "PREVIOUS_EXIT_ENV",
     "TaskSetupError",
     "add_task_arguments",
     "configure_logging",
     "describe_exit",
     "limit_settings",
+    "preempted_line",
+    "preempted_source",
     "read_token",
     "start_metrics",
     "task_settings",
@@ -47,6 +50,14 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: reports it in ``GetStatus.previous_exit``, which the coordinator quotes when a closure
 #: killed its workers (``max_closure_retries``).
 PREVIOUS_EXIT_ENV = "JAXCLUSTER_PREVIOUS_EXIT"
+#: A worker that drained after a preemption notice says so in its last stderr line
+#: (:func:`preempted_line`); a launcher that reads it (LocalCluster) starts the next
+#: process with ``JAXCLUSTER_PREVIOUS_EXIT=preempted:SOURCE``, which the worker reports as
+#: ``drained after a preemption notice (SOURCE)``: a coordinator that never heard the
+#: notice (the worker was gone first) still counts the preemption. The Rust link reads
+#: that text (``dispatch/link/preemption.rs``, ``PREEMPTED_EXIT``).
+PREEMPTED_EXIT = "preempted:"
+_PREEMPTED_LINE = "jaxcluster worker ended after a preemption notice"
 #: The default level of the ``jaxcluster`` loggers in a task process (``--log-level``).
 LOG_LEVEL_ENV = "JAXCLUSTER_LOG_LEVEL"
 #: A task process's log lines on stderr: when, how bad, which logger, what.
@@ -196,10 +207,29 @@ def limit_settings(args: argparse.Namespace) -> LimitSettings:
     }
 
 
+def preempted_line(source: str) -> str:
+    """The last stdout line of a worker that drained after a notice from ``source``."""
+    return f"{_PREEMPTED_LINE} ({source})"
+
+
+def preempted_source(line: str) -> str | None:
+    """The notice's source when ``line`` is a :func:`preempted_line`, else ``None``.
+
+    Example::
+
+        preempted_source(preempted_line("gce"))   # 'gce'
+    """
+    text = line.strip()
+    if not (text.startswith(f"{_PREEMPTED_LINE} (") and text.endswith(")")):
+        return None
+    return text[len(_PREEMPTED_LINE) + 2 : -1] or None
+
+
 def describe_exit(raw: str | None) -> str:
     """How a process ended, from an exit status as :data:`PREVIOUS_EXIT_ENV` carries it:
-    ``"exit status 3"``, ``"killed by signal 9 (SIGKILL)"``; other text as it is (at most
-    200 characters); empty for nothing.
+    ``"exit status 3"``, ``"killed by signal 9 (SIGKILL)"``, ``"drained after a preemption
+    notice (gce)"`` (for ``preempted:gce``, see :data:`PREEMPTED_EXIT`); other text as it
+    is (at most 200 characters); empty for nothing.
 
     Example::
 
@@ -209,6 +239,8 @@ def describe_exit(raw: str | None) -> str:
     text = (raw or "").strip()
     if not text:
         return ""
+    if text.startswith(PREEMPTED_EXIT) and text[len(PREEMPTED_EXIT) :]:
+        return f"drained after a preemption notice ({text[len(PREEMPTED_EXIT) :][:100]})"
     try:
         status = int(text)
     except ValueError:

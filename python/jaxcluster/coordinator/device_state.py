@@ -21,7 +21,8 @@ before the notice's deadline: the preempting worker, which refuses every other c
 still runs these *preemption saves* of its own session's state and stays up for them
 (``coordinator/preemption_save.py``). When that worker index is next built (the worker
 restarted on its address, or replaced), its value is built from the copy instead of by
-``init_fn`` (put on the default device, as ``assign`` does), and the copy is dropped. A
+``init_fn`` (put on the default device, as ``assign`` does; on a multi-host slice each
+array sharded over the slice as it was when saved), and the copy is dropped. A
 save that cannot finish before the deadline (the worker vanished first) leaves that worker
 to ``init_fn``, with a WARNING naming the state and the worker: progress is never lost
 quietly. Other workers are not affected; ``state.preemption_saves`` counts the saves.
@@ -133,9 +134,58 @@ def _on_device(jax: Any, tree: Any) -> Any:
     )
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """How one array leaf of a slice's state was sharded over the slice's devices (a
+    ``NamedSharding`` spanning hosts), so its saved copy is laid out the same way again."""
+
+    device_ids: list[Any]  # the mesh's device ids, nested as the mesh
+    axis_names: tuple[str, ...]
+    spec: tuple[Any, ...]
+
+
+def _layouts(jax: Any, value: Any) -> list[_Layout | None]:
+    """Per leaf of ``value``: its layout when it is sharded over more than this host."""
+    from jax.sharding import NamedSharding
+
+    out: list[_Layout | None] = []
+    for leaf in jax.tree_util.tree_leaves(value):
+        sharding = getattr(leaf, "sharding", None)
+        spans_hosts = isinstance(leaf, jax.Array) and not leaf.is_fully_addressable
+        if spans_hosts and isinstance(sharding, NamedSharding):
+            mesh = sharding.mesh
+            ids = mesh.device_ids.tolist()
+            out.append(_Layout(ids, tuple(mesh.axis_names), tuple(sharding.spec)))
+        else:
+            out.append(None)
+    return out
+
+
+def _laid_out(jax: Any, value: Any, layouts: list[_Layout | None]) -> Any:
+    """``value`` (numpy leaves) with each leaf that had a layout sharded as it was; the
+    other leaves as they are (``_on_device`` puts them on the default device)."""
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    leaves, tree = jax.tree_util.tree_flatten(value)
+    if len(leaves) != len(layouts):
+        return value
+    devices = {d.id: d for d in jax.devices()}
+    out = []
+    for leaf, layout in zip(leaves, layouts, strict=True):
+        if layout is not None:
+            grid = np.vectorize(devices.__getitem__, otypes=[object])(np.array(layout.device_ids))
+            sharding = NamedSharding(Mesh(grid, layout.axis_names), PartitionSpec(*layout.spec))
+            host = np.asarray(leaf)
+            leaf = jax.make_array_from_callback(host.shape, sharding, lambda i, h=host: h[i])
+        out.append(leaf)
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
 class _StateInit:
     """Runs on a worker: ``init_fn()``, its arrays put on the worker's devices; or, given
-    the copy saved before this worker index's preemption, that copy instead."""
+    the copy saved before this worker index's preemption, that copy instead (a slice's
+    arrays sharded over the slice as they were when saved)."""
 
     def __init__(self, init_fn: Callable[[], Any], save: bool = False) -> None:
         self._init_fn = init_fn
@@ -144,7 +194,11 @@ class _StateInit:
     def __call__(self, *saved: Any) -> DeviceState:
         import jax
 
-        value = saved[0] if saved else self._init_fn()
+        if saved:
+            value, layouts = saved[0]
+            value = _laid_out(jax, value, layouts)
+        else:
+            value = self._init_fn()
         state = DeviceState(_on_device(jax, value))
         state._awaits_save = self._save
         return state
@@ -160,10 +214,13 @@ def _read_state(state: DeviceState) -> Any:
 
 
 def _save_state(state: DeviceState) -> Any:
-    """Runs on a worker being preempted (a preemption save): the state's value, sent back
-    as numpy arrays; the worker need not stay up for this state any more."""
+    """Runs on a worker being preempted (a preemption save): ``(value, layouts)``, the
+    state's value sent back as numpy arrays and how a slice's arrays were sharded over it
+    (``_StateInit`` takes both); the worker need not stay up for this state any more."""
+    import jax
+
     state._awaits_save = False
-    return state.value
+    return state.value, _layouts(jax, state.value)
 
 
 @dataclass(frozen=True)

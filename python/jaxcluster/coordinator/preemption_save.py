@@ -4,7 +4,8 @@ A worker that announces its preemption (state ``preempting``, with the notice's 
 refuses every closure but a *preemption save*: a unary ``RunClosure`` flagged
 ``preemption_save`` that reads the caller's own session's state. While it holds
 ``on_preemption="save"`` state no save has read yet, it stays up for them until the
-deadline (``worker/executor.py``).
+deadline, or until no session it still tracks (ended or vanished past ``--state-ttl``
+ones are not) holds such state (``worker/executor.py``).
 
 The coordinator's :class:`PreemptionSaver` watches the dispatcher's view of the workers
 (no RPC: a link learns of the notice on its stream within a round trip) and, for each

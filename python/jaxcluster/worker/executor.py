@@ -116,12 +116,13 @@ class Executor:
 
     def _save_window(self) -> float:
         """Seconds a draining worker still waits for preemption saves: until its notice's
-        deadline while some ``on_preemption="save"`` state was not read; 0 otherwise."""
-        if not self._resources.awaiting_preemption_save():
-            return 0.0
+        deadline while some live session's ``on_preemption="save"`` state was not read; 0
+        otherwise (a session ended or vanished past its ``--state-ttl`` sends no save)."""
         status = self._server.status()
         if status.preemption_source is None:
             return 0.0  # drained without a notice (SIGINT, a shutdown): nothing to save for
+        if not self._resources.awaiting_preemption_save({s.id for s in status.sessions}):
+            return 0.0
         if self._save_until is None:
             deadline = status.preemption_deadline
             # A notice without a deadline: wait as long as a drain may take.
@@ -236,7 +237,12 @@ class Executor:
                 broken(reason)
 
     def _forward(self, job: Any) -> Any:
-        return None if self._fanout is None else self._fanout.send(job)
+        if self._fanout is None:
+            return None
+        # After a notice rank 0 runs only preemption saves (and the closure it was running):
+        # forwarded as saves, so a peer draining for its own notice runs them too.
+        save = self._server.draining and self._server.status().preemption_source is not None
+        return self._fanout.send(job, preemption_save=save)
 
     def _settle(self, pending: Any, *, failed: bool = False) -> Any:
         """Waits for the peers' parts of a job rank 0 forwarded; their first error."""

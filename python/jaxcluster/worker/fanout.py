@@ -78,6 +78,9 @@ class _Call:
     #: The coordinator's index for the slice (it changes as slices leave and join): every
     #: host's get_current_worker_index() says the same.
     index: int | None
+    #: Rank 0 is being preempted: the job is a preemption save (or the closure running
+    #: when the notice came), which a peer that is draining for its own notice still runs.
+    save: bool = False
 
 
 class _Peer:
@@ -143,8 +146,9 @@ class Fanout:
             max_workers=max(1, len(self._peers)), thread_name_prefix="jaxcluster-fanout"
         )
 
-    def send(self, job: Any) -> list[Future[Any]]:
-        """Starts ``job`` (a ``WorkerJob``) on every peer; returns what :meth:`wait` takes."""
+    def send(self, job: Any, *, preemption_save: bool = False) -> list[Future[Any]]:
+        """Starts ``job`` (a ``WorkerJob``) on every peer; returns what :meth:`wait` takes.
+        ``preemption_save``: rank 0 has a notice, so a closure is a preemption save."""
         kind = job.kind
         session = job.session
         if kind == "release_resource":
@@ -163,7 +167,15 @@ class Fanout:
         name = job.name if kind == "create_resource" else ""
         closure_id = job.closure_id or 0
         call = _Call(
-            session, function, args, buffers, closure_id, resource_id, name, job.worker_index
+            session,
+            function,
+            args,
+            buffers,
+            closure_id,
+            resource_id,
+            name,
+            job.worker_index,
+            preemption_save,
         )
         return [
             self._pool.submit(self._guard, p, partial(self._call, p, call)) for p in self._peers
@@ -225,6 +237,7 @@ class Fanout:
                         call.buffers,
                         closure_id=call.closure_id,
                         worker_index=call.index,
+                        preemption_save=call.save,
                     )
                 else:
                     answer = client.create_resource(

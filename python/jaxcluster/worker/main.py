@@ -13,7 +13,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -24,6 +25,7 @@ from jaxcluster._task_process import (
     configure_logging,
     describe_exit,
     limit_settings,
+    preempted_line,
     start_metrics,
     task_settings,
     tls_error,
@@ -35,7 +37,7 @@ from jaxcluster.worker.preemption import (
     add_preemption_arguments,
     signal_number,
 )
-from jaxcluster.worker.slice import SliceMismatchError
+from jaxcluster.worker.slice import SLICE_BROKEN_EXIT, SliceMismatchError
 from jaxcluster.worker.slice_flags import (
     add_slice_arguments,
     explicit_flags,
@@ -199,8 +201,11 @@ def _serve(
     except DeadlineExceededError as exc:  # the slice did not form: worth starting again
         print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
         return 3
+    peer_notice = threading.Event()  # rank 0 drains for a peer's preemption notice
     try:
-        slice_parts = _form_slice(config, server, token, peer_ca) if config is not None else None
+        slice_parts = (
+            _form_slice(config, server, token, peer_ca, peer_notice) if config is not None else None
+        )
     except SliceMismatchError as exc:
         print(f"jaxcluster worker: error: {exc}", file=sys.stderr, flush=True)
         server.shutdown(timeout=1.0)
@@ -249,7 +254,14 @@ def _serve(
         # Joined before the interpreter finalizes: no thread of ours is left inside I/O.
         if watch is not None:
             watch.stop()
-    return 0
+    source = server.status().preemption_source
+    if source is not None and not peer_notice.is_set():
+        # For its launcher (stdout has the listening line only): the next process
+        # reports this end (PREEMPTED_EXIT).
+        print(preempted_line(source), file=sys.stderr, flush=True)
+    # Drained for a peer's notice: this host is not preempted, its supervisor starts it
+    # again for the slice to re-form with the peer's replacement.
+    return SLICE_BROKEN_EXIT if peer_notice.is_set() else 0
 
 
 def _dataflow_tls(
@@ -272,12 +284,30 @@ def _dataflow_tls(
     return ca, None
 
 
+def _slice_notice(server: Any, index: int, noticed: threading.Event) -> Callable[[Any, Any], None]:
+    """Rank 0's ``SliceWatch.on_notice``: a peer's preemption notice is the slice's (a
+    slice is preempted as a unit), so rank 0 announces it to the coordinators with the
+    peer's source and deadline: they stop sending work, count the preemption and save
+    ``on_preemption="save"`` state (forwarded to every host, the preempted one included).
+    Rank 0 then drains and exits with ``SLICE_BROKEN_EXIT``, so its supervisor starts it
+    again for the slice to re-form with the peer's replacement."""
+
+    def on_notice(host: Any, status: Any) -> None:
+        detail = f"rank {host.rank} of slice {index} at {host.address}: "
+        detail += status.preemption_detail or status.preemption_source
+        if server.preempt(status.preemption_source, status.preemption_deadline or 0.0, detail):
+            noticed.set()
+
+    return on_notice
+
+
 def _form_slice(
-    config: Any, server: Any, token: str | None, tls_ca: bytes | None
+    config: Any, server: Any, token: str | None, tls_ca: bytes | None, peer_notice: threading.Event
 ) -> tuple[Any, Any]:
     """Exchanges addresses with the slice's other hosts and starts watching them: rank 0
     watches every peer and forwards jobs to them (its ``Fanout``), a peer watches rank 0.
-    Returns ``(fanout or None, watch)``."""
+    Returns ``(fanout or None, watch)``; rank 0 sets ``peer_notice`` when it drains for a
+    peer's preemption notice (:func:`_slice_notice`)."""
     from jaxcluster._auth import warn_if_token_in_clear
     from jaxcluster.worker.fanout import Fanout
     from jaxcluster.worker.slice import SliceWatch, exchange
@@ -289,7 +319,12 @@ def _form_slice(
         [h.address for h in peers], token, tls_ca, _log, "the slice's other hosts"
     )
     watch = SliceWatch(
-        watched, token, config.heartbeat_timeout, slice_index=config.index, tls_ca=tls_ca
+        watched,
+        token,
+        config.heartbeat_timeout,
+        slice_index=config.index,
+        on_notice=_slice_notice(server, config.index, peer_notice) if config.leader else None,
+        tls_ca=tls_ca,
     )
     watch.start()
     fanout = None

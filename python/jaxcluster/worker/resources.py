@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 from typing import Any
 
@@ -199,11 +200,17 @@ class ResourceRegistry:
             del self._adopted[key]
         return len(keys)
 
-    def awaiting_preemption_save(self) -> int:
+    def awaiting_preemption_save(self, live: Container[str] | None = None) -> int:
         """How many values (device state created with ``on_preemption="save"``) no
-        preemption save has read yet: a preempted worker stays up for those reads."""
+        preemption save has read yet: a preempted worker stays up for those reads. With
+        ``live`` (the sessions the server still tracks), only those of a live session (or
+        the anonymous one, never released) count: a session ended, or vanished past its
+        ``--state-ttl``, sends no save."""
         return sum(
-            1 for value in self._values.values() if getattr(value, "awaits_preemption_save", False)
+            1
+            for (session, _), value in self._values.items()
+            if getattr(value, "awaits_preemption_save", False)
+            and (live is None or not session or session in live)
         )
 
     def held(self, session: str) -> SessionHeld:

@@ -209,7 +209,9 @@ class SliceWatch:
     interpreter) for their status every ``timeout / 4`` seconds; a host that does not
     answer within ``timeout`` or answers with another incarnation has failed, and
     ``on_broken(reason)`` runs once (by default: log and exit with
-    :data:`SLICE_BROKEN_EXIT`).
+    :data:`SLICE_BROKEN_EXIT`). A host that answers with a preemption notice makes
+    ``on_notice(host, status)`` run once for it: rank 0 takes a peer's notice as the
+    slice's, since a slice is preempted as a unit.
 
     Example::
 
@@ -224,6 +226,7 @@ class SliceWatch:
         *,
         slice_index: int = 0,
         on_broken: Callable[[str], None] | None = None,
+        on_notice: Callable[[SliceHost, Any], None] | None = None,
         tls_ca: bytes | None = None,
     ) -> None:
         from jaxcluster._native import core
@@ -238,6 +241,8 @@ class SliceWatch:
             for h in self._hosts
         ]
         self._on_broken = on_broken or broken
+        self._on_notice = on_notice
+        self._noticed: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name="jaxcluster-slice-watch", daemon=True
@@ -266,6 +271,13 @@ class SliceWatch:
                     f"slice {self._index}: rank {host.rank} at {host.address} restarted "
                     f"(incarnation {host.incarnation:#x} is now {status.incarnation:#x})"
                 )
+            if (
+                self._on_notice is not None
+                and status.preemption_source is not None
+                and host.rank not in self._noticed
+            ):
+                self._noticed.add(host.rank)
+                self._on_notice(host, status)
         return None
 
     def _run(self) -> None:

@@ -95,7 +95,8 @@ def supervise(argv: Sequence[str], environ: dict[str, str], forwarded: Sequence[
     for signum in (signal.SIGTERM, signal.SIGINT, *forwarded):
         signal.signal(signum, forward)
     backoff = _BACKOFF_START
-    previous: int | None = None
+    # How the process before this supervisor ended, when its launcher said so.
+    previous: int | str | None = environ.get(PREVIOUS_EXIT_ENV) or None
     while True:
         args = list(argv) if address[0] is None else _with_address(argv, address[0])
         env = {k: v for k, v in environ.items() if k != PREVIOUS_EXIT_ENV}

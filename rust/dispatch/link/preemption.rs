@@ -11,6 +11,12 @@
 //! the closure back without a death (`max_closure_retries` counts deaths). Once nothing is
 //! outstanding the link recovers as from a drain, and a new incarnation on the same address
 //! (the replacement VM or process) serves again with the notice forgotten.
+//!
+//! A worker that ends soon after its notice (nothing ran there: it drains at once) may be
+//! gone before the link hears of it, e.g. while the link waits out a reconnection backoff.
+//! Its launcher (the slice supervisor, `LocalCluster`) then tells the next process, which
+//! reports `GetStatus.previous_exit` as [`PREEMPTED_EXIT`]`SOURCE)`: the link counts that
+//! preemption when the new process answers, unless it heard the notice itself.
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +24,20 @@ use super::Link;
 use crate::dispatch::transport::WorkerTransport;
 use crate::log_target::DISPATCH;
 use crate::rpc::{describe_deadline, pb, unix_now};
+
+/// How `GetStatus.previous_exit` begins for a process that drained after a preemption
+/// notice; the notice's source and `)` follow. Spelled by the worker's
+/// `jaxcluster._task_process.describe_exit`.
+pub(crate) const PREEMPTED_EXIT: &str = "drained after a preemption notice (";
+
+/// The source of the notice the previous process drained after, when `previous_exit`
+/// says it was preempted.
+pub(crate) fn preempted_before(previous_exit: &str) -> Option<&str> {
+    previous_exit
+        .strip_prefix(PREEMPTED_EXIT)?
+        .strip_suffix(')')
+        .filter(|source| !source.is_empty())
+}
 
 /// A notice this link acted on: what the worker said, and its deadline on this clock.
 pub(super) struct Noticed {
@@ -81,11 +101,30 @@ impl<T: WorkerTransport> Link<T> {
         self.notice.as_ref().and_then(|noticed| noticed.deadline)
     }
 
-    /// A new worker process answers on this address: the notice was the old one's.
-    pub(super) fn forget_notice(&mut self) {
+    /// A new worker process answers on this address: the notice was the old one's. When
+    /// the link never heard a notice from the old process, `previous_exit` may still say
+    /// a process ended preempted since (see the module documentation): counted here.
+    pub(super) fn forget_notice(&mut self, previous_exit: &str) {
         if self.notice.take().is_some() {
             self.status.set_preemption(None);
+            return;
         }
+        let Some(source) = preempted_before(previous_exit) else {
+            return;
+        };
+        self.shared.counters.count_preemption(source);
+        tracing::warn!(
+            target: DISPATCH,
+            worker = self.address(),
+            worker_index = self.index,
+            source,
+            "worker {} (worker {}) was preempted ({}) before this coordinator heard its \
+             notice: its new process says its previous one {}",
+            self.address(),
+            self.index,
+            source,
+            previous_exit,
+        );
     }
 
     /// Why the link stops using its worker, for `last_error` and log lines.
@@ -108,5 +147,19 @@ impl<T: WorkerTransport> Link<T> {
         );
         self.pipeline.drop_stream();
         self.worker_died(&reason, false, self.incarnation);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{preempted_before, PREEMPTED_EXIT};
+
+    #[test]
+    fn only_a_preempted_previous_exit_names_a_source() {
+        let exit = format!("{PREEMPTED_EXIT}gce)");
+        assert_eq!(preempted_before(&exit), Some("gce"));
+        assert_eq!(preempted_before("exit status 0"), None);
+        assert_eq!(preempted_before(""), None);
+        assert_eq!(preempted_before(&format!("{PREEMPTED_EXIT})")), None);
     }
 }

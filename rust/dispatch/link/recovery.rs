@@ -115,9 +115,13 @@ impl<T: WorkerTransport> Link<T> {
             let mut restarted = false;
             let rebuilt = match answer {
                 Ok(status) if shutting_down(&status) => {
-                    if self.incarnation != Some(Incarnation::of(&status)) {
-                        self.forget_notice();
+                    let now = Incarnation::of(&status);
+                    if self.incarnation.is_some_and(|before| before != now) {
+                        self.forget_notice(&status.previous_exit);
                     }
+                    // Known from now on: a later probe of this same process neither
+                    // forgets its notice nor counts its predecessor's preemption again.
+                    self.incarnation = Some(now);
                     if let Some(notice) = &status.preemption {
                         self.noticed(notice);
                     }
@@ -411,7 +415,7 @@ impl<T: WorkerTransport> Link<T> {
         let now = Incarnation::of(&status);
         let restarted = self.incarnation.is_some_and(|before| before != now);
         if restarted {
-            self.forget_notice();
+            self.forget_notice(&status.previous_exit);
         }
         if let Some(notice) = &status.preemption {
             self.noticed(notice);
