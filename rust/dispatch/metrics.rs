@@ -16,6 +16,9 @@ pub(crate) struct Counters {
     pub retried: AtomicU64,
     pub worker_failures: AtomicU64,
     pub functions_registered: AtomicU64,
+    /// Kept values fetched with `ReadValue`, and their bytes (`Dispatcher::read_value`).
+    pub kept_values_fetched: AtomicU64,
+    pub kept_bytes_fetched: AtomicU64,
     /// Preemption notices acted on, by source (`"gce"`, `"aws"`, `"signal"`); rare, so a
     /// lock is no cost.
     pub preemptions: Mutex<BTreeMap<String, u64>>,

@@ -18,14 +18,15 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
 use super::blocking::{
-    detach_interruptible, in_runtime, interrupted, wait_in_slices, with_wait_policy, SIGNAL_POLL,
+    detach_interruptible, in_runtime, interrupted, wait_for, wait_in_slices, with_wait_policy,
+    SIGNAL_POLL,
 };
 use super::buffer::{bytes_of, bytes_of_all};
 use super::convert::{duration, to_bytes};
 use super::dispatch_convert::dispatch_error;
 use super::enums::{function_kind_arg, ResourceState};
 use super::metrics::Metrics;
-use super::outcome::outcome_object;
+use super::outcome::{outcome_object, PyEncodedValue};
 use super::status::WorkerStatus;
 use crate::dispatch::{
     DispatchError, Dispatcher, DispatcherConfig, EncodedValue, ErrorPolicy, PerWorkerResource,
@@ -311,6 +312,18 @@ impl PyDispatcher {
 
     fn release_value(&self, worker: usize, value_id: u64) {
         self.inner.release_value(worker, value_id);
+    }
+
+    #[pyo3(signature = (worker, value_id, *, timeout = None))]
+    fn read_value(
+        &self,
+        py: Python<'_>,
+        worker: usize,
+        value_id: u64,
+        timeout: Option<f64>,
+    ) -> PyResult<PyEncodedValue> {
+        let timeout = duration(timeout, "read_value(): timeout")?;
+        Ok(wait_for(py, self.inner.read_value(worker, value_id, timeout))?.into())
     }
 
     fn worker_free(&self, worker: usize) -> bool {

@@ -372,11 +372,6 @@ def finalize_release(value: Any, tracker: Tracker, node: Node) -> None:
     weakref.finalize(value, tracker.release_later, node)
 
 
-def _kept_value(value: Any) -> Any:
-    """Runs on the holder: a ``KeptRef`` argument resolved there is the value itself."""
-    return value
-
-
 class Dataflow:
     """The coordinator's side of dataflow: submitting nodes and pulling kept values.
 
@@ -476,36 +471,51 @@ class Dataflow:
         )
 
     def pull(self, value: Any, timeout: float | None) -> Any:
-        """A kept value fetched from its holder (a closure there returning it), re-made by
-        lineage when the holder lost it (at most ``max_closure_retries`` times)."""
+        """A kept value read from its holder with ``ReadValue`` (in this coordinator's
+        session, with its token and TLS settings; counted in ``metrics()``'s
+        ``kept_bytes_fetched``), re-made by lineage when the holder lost it or cannot be
+        reached (at most ``max_closure_retries`` times)."""
         node: Node = value._node
-        for _ in range(self.tracker._max_remakes + 1):
+        while True:
             value._kept_info()  # the producer's own error, if it failed
             holder, value_id = node.holder(), node.value_id
             assert holder is not None and value_id is not None
-            address = self._dispatcher.worker_addresses()[holder]
-            function = self._functions.serialize(_kept_value, (), {})
-            self._host.register(function, _kept_value)
-            encoded, _ = _encoding_args((_KeptRef(value_id, address),))
-            cell = self._dispatcher.schedule_on(
-                holder, function.function_hash, encoded.pickle, encoded.buffers, []
-            )
-            pulled = self._remote_value(cell)
             try:
-                return pulled.fetch(timeout)
-            except (errors.ClosureInputError, errors.AbortedError):
+                encoded = self._dispatcher.read_value(holder, value_id, timeout=timeout)
+            except (errors.NotFoundError, errors.UnavailableError) as exc:
                 if node.remakes >= self.tracker._max_remakes:
-                    raise
+                    raise self._lost(node, holder, exc) from exc
                 self.tracker.remake_now(node)
                 if not node.cell.wait(timeout):
-                    raise
-        raise errors.InternalError("unreachable")  # pragma: no cover
+                    raise errors.DeadlineExceededError(
+                        f"kept value {value_id} of closure {node.name} was lost with its "
+                        f"holder ({type(exc).__name__}: {exc}) and was not re-made within "
+                        f"timeout={timeout!r} seconds"
+                    ) from exc
+                continue
+            try:
+                return wire.decode(encoded.pickle, encoded.buffers)
+            except Exception as exc:
+                error = errors.InternalError(
+                    f"kept value {value_id} arrived but could not be unpickled here: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+                raise error from exc
 
-
-def _encoding_args(args: tuple[Any, ...]) -> tuple[Any, list[Any]]:
-    from jaxcluster.coordinator import _encoding
-
-    def no_resources(values: Any) -> Any:
-        raise TypeError("a kept value's pull takes no per-worker values")
-
-    return _encoding.encode_args(args, {}, no_resources)
+    def _lost(self, node: Node, holder: int, exc: BaseException) -> BaseException:
+        """The error of a kept value still unreadable after every re-make: ``AbortedError``
+        when its holder was removed or given up, else the input error the read met."""
+        states = {w.index: w.state for w in self._dispatcher.worker_statuses()}
+        where = f"worker {holder} ({self._dispatcher.worker_addresses()[holder]})"
+        what = f"kept value {node.value_id} of closure {node.name}"
+        if states.get(holder) in (core.WorkerState.REMOVED, core.WorkerState.GIVEN_UP):
+            return errors.AbortedError(
+                f"{what} could not be read: its holder, {where}, is {states[holder]}, and it "
+                f"was re-made {node.remakes} times already (max_closure_retries)"
+            )
+        error = errors.ClosureInputError(exc)
+        error.args = (
+            f"{what} could not be read from its holder, {where}: {type(exc).__name__}: {exc}; "
+            f"it was re-made {node.remakes} times already (max_closure_retries)",
+        )
+        return error
