@@ -1599,6 +1599,17 @@ class Dispatcher:
     def failure_pending(self) -> bool:
         """Whether a closure error is pending under ``cancel_all`` (not raised yet)."""
 
+    def watch_preemptions(self, watch: CellWatch) -> None:
+        """Wakes ``watch`` (its ``wait`` returns ``[]``) each time a worker's preemption
+        notice is acted on from now on; the worker's status shows the notice by then.
+
+        Example::
+
+            watch = core.CellWatch()
+            dispatcher.watch_preemptions(watch)
+            watch.wait(None)  # returns once some worker announced its preemption
+        """
+
     def wait_reported(self, timeout: float | None = None) -> bool:
         """Waits (GIL released, interruptibly) until some worker not removed has reported
         its status (platform, devices); ``False`` if ``timeout`` seconds passed first."""

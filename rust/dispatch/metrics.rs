@@ -8,6 +8,8 @@ use std::sync::{Mutex, PoisonError};
 pub(crate) use crate::histogram::Histogram;
 pub use crate::histogram::LatencySnapshot;
 
+use super::cell_watch::WatchList;
+
 /// Monotonic counters since the dispatcher was made.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -22,6 +24,9 @@ pub(crate) struct Counters {
     /// Preemption notices acted on, by source (`"gce"`, `"aws"`, `"signal"`); rare, so a
     /// lock is no cost.
     pub preemptions: Mutex<BTreeMap<String, u64>>,
+    /// Woken by each notice counted (`Dispatcher::watch_preemptions`), so a watcher such
+    /// as the coordinator's preemption saver sleeps until one arrives instead of polling.
+    pub preemption_watches: WatchList,
 }
 
 impl Counters {
@@ -29,7 +34,8 @@ impl Counters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts one preemption notice from `source`.
+    /// Counts one preemption notice from `source` and wakes the preemption watches (the
+    /// link records the notice in its status first, so a woken watcher sees it).
     pub fn count_preemption(&self, source: &str) {
         *self
             .preemptions
@@ -37,6 +43,7 @@ impl Counters {
             .unwrap_or_else(PoisonError::into_inner)
             .entry(source.to_owned())
             .or_default() += 1;
+        self.preemption_watches.wake_all();
     }
 
     /// Preemption notices so far, by source.

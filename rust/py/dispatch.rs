@@ -334,6 +334,10 @@ impl PyDispatcher {
         self.inner.failure_pending()
     }
 
+    fn watch_preemptions(&self, watch: &Bound<'_, super::cell_watch::PyCellWatch>) {
+        self.inner.watch_preemptions(&watch.get().inner);
+    }
+
     #[pyo3(signature = (timeout = None))]
     fn wait_reported(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
         let timeout = duration(timeout, "wait_reported(): timeout")?;
