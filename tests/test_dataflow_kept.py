@@ -89,6 +89,26 @@ def test_a_kept_value_reports_its_spec_and_stays_for_a_chain(
     np.testing.assert_array_equal(rv.fetch()[:3], [4, 4, 4])  # pulled on demand
 
 
+def test_fetching_a_kept_value_reads_it_from_its_holder_and_counts_its_bytes(
+    coordinator: ClusterCoordinator, cluster: Any, tmp_path: Path
+) -> None:
+    from support.closures import worker_status
+
+    rv = coordinator.schedule(_ones, args=(str(tmp_path), "f", MIB), keep_result=True)
+    assert rv.nbytes == 4 * MIB
+    holder = rv.worker
+    assert holder is not None
+    before = coordinator.metrics()
+    served = int(worker_status(cluster, holder)["peer_reads_served"])
+    np.testing.assert_array_equal(rv.fetch(timeout=60), np.ones(MIB, np.float32))
+    after = coordinator.metrics()
+    assert after["kept_values_fetched"] == before["kept_values_fetched"] + 1
+    fetched = after["kept_bytes_fetched"] - before["kept_bytes_fetched"]
+    assert 4 * MIB <= fetched < 4 * MIB + 4096  # the array and a small pickle
+    assert after["completed"] == before["completed"]  # read, not a closure run for it
+    assert int(worker_status(cluster, holder)["peer_reads_served"]) == served + 1
+
+
 def test_fan_in_runs_on_the_bigger_holder_and_pulls_the_rest_peer_to_peer(
     coordinator: ClusterCoordinator, cluster: Any, tmp_path: Path
 ) -> None:
@@ -140,6 +160,19 @@ def test_a_holder_killed_before_its_consumer_ran_remakes_the_value(
         assert len(runs(tmp_path, "p")) == 2  # lineage ran the producer once more
         assert producer.worker == 1 - holder
         assert coordinator.join(timeout=60) is True
+
+
+def test_fetching_a_kept_value_whose_holder_was_killed_remakes_it(tmp_path: Path) -> None:
+    with local_cluster(2) as cluster, cluster.coordinator(recovery_timeout=30) as coordinator:
+        producer = coordinator.schedule(_ones, args=(str(tmp_path), "p", MIB), keep_result=True)
+        assert producer.nbytes == 4 * MIB
+        holder = producer.worker
+        assert holder is not None
+        cluster.kill_worker(holder)
+        np.testing.assert_array_equal(producer.fetch(timeout=120), np.ones(MIB, np.float32))
+        assert len(runs(tmp_path, "p")) == 2  # lineage ran the producer once more
+        assert producer.worker == 1 - holder
+        assert coordinator.metrics()["kept_values_fetched"] == 1
 
 
 def test_a_holder_killed_after_its_consumer_started_reruns_both(tmp_path: Path) -> None:

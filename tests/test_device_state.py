@@ -13,7 +13,7 @@ import pytest
 
 from jaxcluster import errors
 from jaxcluster.coordinator import DeviceState, RemoteValueStatus
-from support.closures import local_cluster, wait_until, worker_status
+from support.closures import local_cluster, until_ran_on, worker_status
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
@@ -119,17 +119,8 @@ def test_a_killed_worker_rebuilds_its_state_by_default(cluster: Any) -> None:
         else:
             assert int(rebuilt["n"]) == 0
         # Work for worker 0 lets the coordinator notice the restart and rebuild the state.
-        after = wait_until(
-            lambda: [
-                r
-                for r in coordinator.fetch(
-                    [coordinator.schedule(bump, args=(state,)) for _ in range(8)]
-                )
-                if r[0] == 0
-            ],
-            "a closure on the restarted worker",
-        )
-        assert [n for _, n in after] == list(range(1, len(after) + 1))  # counted from init_fn
+        after = until_ran_on(coordinator, bump, (state,), 0)
+        assert after == list(range(1, len(after) + 1))  # counted from init_fn
         assert int(state.fetch(0)["n"]) == len(after)
         assert [e.status for e in state.values] == [RemoteValueStatus.READY] * 2
 

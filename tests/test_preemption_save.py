@@ -22,7 +22,7 @@ import pytest
 from jaxcluster import LocalCluster
 from jaxcluster.coordinator import DeviceState
 from jaxcluster.coordinator.device_state import PreemptionSaves
-from support.closures import TESTS_DIR, local_cluster, wait_until, worker_status
+from support.closures import TESTS_DIR, local_cluster, until_ran_on, wait_until, worker_status
 from support.workers import pid_gone
 
 jax = pytest.importorskip("jax")
@@ -73,12 +73,6 @@ def test_on_preemption_is_validated(cluster: Any) -> None:
         assert saved.preemption_saves == PreemptionSaves()
 
 
-def on_worker(coordinator: Any, state: Any, worker: int, count: int = 8) -> list[int]:
-    """Counts of the bumps that ran on ``worker`` (some of ``count`` scheduled ones)."""
-    results = coordinator.fetch([coordinator.schedule(bump, args=(state,)) for _ in range(count)])
-    return [n for index, n in results if index == worker]
-
-
 @pytest.mark.parametrize("name", [None, "preemption-save-counter"])
 def test_a_preempted_worker_starts_again_from_the_copy_saved_before_its_deadline(
     cluster: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str | None
@@ -89,7 +83,7 @@ def test_a_preempted_worker_starts_again_from_the_copy_saved_before_its_deadline
             counter_init(str(tmp_path)), on_preemption="save", name=name
         )
         first = cluster.worker_pid(0)
-        wait_until(lambda: on_worker(coordinator, state, 0), "a closure on worker 0")
+        until_ran_on(coordinator, bump, (state,), 0)
         reached = int(state.fetch(0, timeout=60)["n"])
         assert reached >= 1
         assert inits(tmp_path, first) == 1
@@ -107,7 +101,7 @@ def test_a_preempted_worker_starts_again_from_the_copy_saved_before_its_deadline
         cluster.restart_worker(0)  # the replacement, on the same address
         second = cluster.worker_pid(0)
         assert second != first
-        after = wait_until(lambda: on_worker(coordinator, state, 0), "a closure on worker 0")
+        after = until_ran_on(coordinator, bump, (state,), 0)
         # It continues from the copy: the first bump there counts on from `reached`.
         assert after == list(range(reached + 1, reached + 1 + len(after)))
         assert inits(tmp_path, second) == 0  # init_fn did not run on the replacement
@@ -145,7 +139,7 @@ def test_a_save_the_deadline_cuts_short_falls_back_to_init_fn_with_a_warning(
         wait_until(lambda: pid_gone(first), "worker 0 to exit")
         short.restart_worker(0)
         second = short.worker_pid(0)
-        after = wait_until(lambda: on_worker(coordinator, state, 0), "a closure on worker 0")
+        after = until_ran_on(coordinator, bump, (state,), 0)
         assert after == list(range(1, len(after) + 1))  # from init_fn, as announced
         assert inits(tmp_path, second) == 1
 
@@ -168,17 +162,8 @@ def test_a_preempted_worker_rebuilds_its_state_from_init_fn_by_default(
         assert second != first
 
         # Work for worker 0 lets the coordinator see the new incarnation and rebuild there.
-        after = wait_until(
-            lambda: [
-                r
-                for r in coordinator.fetch(
-                    [coordinator.schedule(bump, args=(state,)) for _ in range(8)]
-                )
-                if r[0] == 0
-            ],
-            "a closure on the restarted worker",
-        )
-        assert [n for _, n in after] == list(range(1, len(after) + 1))  # from init_fn
+        after = until_ran_on(coordinator, bump, (state,), 0)
+        assert after == list(range(1, len(after) + 1))  # from init_fn
         assert inits(tmp_path, second) == 1
 
 

@@ -78,6 +78,8 @@ METRICS_KEYS = [
     "ps_failures",
     "functions_registered",
     "preemptions",
+    "kept_values_fetched",
+    "kept_bytes_fetched",
     "workers",
     "latency",
 ]

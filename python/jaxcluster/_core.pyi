@@ -486,6 +486,15 @@ class Metrics:
         ``'signal'``)."""
 
     @property
+    def kept_values_fetched(self) -> int:
+        """Kept values (``keep_result=True``) fetched to this coordinator with
+        ``ReadValue`` (``RemoteValue.fetch()``)."""
+
+    @property
+    def kept_bytes_fetched(self) -> int:
+        """Encoded bytes of those values (pickle plus buffers)."""
+
+    @property
     def workers(self) -> list[WorkerMetrics]: ...
     @property
     def latency(self) -> LatencyHistogram:
@@ -1490,7 +1499,8 @@ class Dispatcher:
         ``inflight``; counters ``completed``, ``failed``,
         ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
         failed on an unreachable ps task, retried or not), ``functions_registered`` (payloads
-        sent to workers); ``workers`` (per worker ``index``, ``address``, ``state``
+        sent to workers), ``kept_values_fetched`` / ``kept_bytes_fetched`` (kept values read
+        here with ``read_value``); ``workers`` (per worker ``index``, ``address``, ``state``
         ``'up'`` | ``'recovering'`` | ``'given_up'`` | ``'removed'``, ``in_state_seconds``,
         ``last_error`` and this dispatcher's counts on it: ``completed``, ``failed``, ``retried``,
         ``failures``); ``latency``: schedule-to-result seconds as a ``LatencyHistogram``
@@ -1567,12 +1577,38 @@ class Dispatcher:
         """Asks worker ``worker`` to drop kept value ``value_id`` (queued behind what is
         queued for that worker; nothing is sent to a worker out of service)."""
 
+    def read_value(
+        self, worker: int, value_id: int, *, timeout: float | None = None
+    ) -> EncodedValue:
+        """Reads kept value ``value_id`` from worker ``worker`` with ``ReadValue`` (in this
+        dispatcher's session, with its token and TLS settings; the GIL released while it
+        waits), counted in ``metrics().kept_values_fetched`` / ``kept_bytes_fetched``.
+        Raises ``NotFoundError`` when the worker does not hold it (released, or the worker
+        restarted), ``UnavailableError`` when it cannot be reached.
+
+        Example::
+
+            encoded = dispatcher.read_value(0, value_id, timeout=60.0)
+            value = wire.decode(encoded.pickle, encoded.buffers)
+        """
+
     def worker_free(self, worker: int) -> bool:
         """Whether worker ``worker`` is up, not preempting, and has nothing outstanding or
         queued for it alone (dataflow places a consumer on its input's worker only then)."""
 
     def failure_pending(self) -> bool:
         """Whether a closure error is pending under ``cancel_all`` (not raised yet)."""
+
+    def watch_preemptions(self, watch: CellWatch) -> None:
+        """Wakes ``watch`` (its ``wait`` returns ``[]``) each time a worker's preemption
+        notice is acted on from now on; the worker's status shows the notice by then.
+
+        Example::
+
+            watch = core.CellWatch()
+            dispatcher.watch_preemptions(watch)
+            watch.wait(None)  # returns once some worker announced its preemption
+        """
 
     def wait_reported(self, timeout: float | None = None) -> bool:
         """Waits (GIL released, interruptibly) until some worker not removed has reported

@@ -159,6 +159,18 @@ class _CoordinatorCollector:
             "Function payloads sent to workers.",
             m.functions_registered,
         )
+        yield _counter(
+            core,
+            "jaxcluster_kept_values_fetched",
+            "Kept values (keep_result=True) fetched to the coordinator with ReadValue.",
+            m.kept_values_fetched,
+        )
+        yield _counter(
+            core,
+            "jaxcluster_kept_bytes_fetched",
+            "Encoded bytes of the kept values fetched to the coordinator.",
+            m.kept_bytes_fetched,
+        )
         preemptions = core.CounterMetricFamily(
             "jaxcluster_preemptions",
             "Preemption notices workers announced (then they got no new closure and their "

@@ -8,7 +8,7 @@
 //! watches after the cell's own lock is released, so a watch's lock is never taken under a
 //! cell's.
 
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use super::result_cell::Interrupted;
@@ -96,6 +96,44 @@ impl CellWatch {
     }
 }
 
+/// The watches to wake on some event other than a settle (e.g. a worker's preemption
+/// notice, `Dispatcher::watch_preemptions`). Held weakly: a watch dropped by its waiter
+/// goes from the list at the next wake.
+#[derive(Default)]
+pub(crate) struct WatchList {
+    watches: Mutex<Vec<Weak<CellWatch>>>,
+}
+
+impl WatchList {
+    /// Adds `watch`; it is woken by every later [`wake_all`](Self::wake_all).
+    pub fn add(&self, watch: &Arc<CellWatch>) {
+        self.lock().push(Arc::downgrade(watch));
+    }
+
+    /// Wakes every watch still alive (their waiters return with nothing settled).
+    pub fn wake_all(&self) {
+        let alive: Vec<Arc<CellWatch>> = {
+            let mut watches = self.lock();
+            watches.retain(|watch| watch.strong_count() > 0);
+            watches.iter().filter_map(Weak::upgrade).collect()
+        };
+        for watch in alive {
+            watch.wake();
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Weak<CellWatch>>> {
+        // Every critical section is a push or a copy.
+        self.watches.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl std::fmt::Debug for WatchList {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchList").finish_non_exhaustive()
+    }
+}
+
 impl std::fmt::Debug for CellWatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CellWatch").finish_non_exhaustive()
@@ -104,8 +142,6 @@ impl std::fmt::Debug for CellWatch {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use crate::dispatch::result_cell::{Outcome, ResultCell};
 
@@ -145,5 +181,22 @@ mod tests {
             watch.wait_interruptible(None, Duration::MAX, &mut never),
             Ok(vec![])
         );
+    }
+
+    #[test]
+    fn a_watch_list_wakes_the_live_watches_and_forgets_dropped_ones() {
+        let list = WatchList::default();
+        let kept = Arc::new(CellWatch::default());
+        list.add(&kept);
+        list.add(&Arc::new(CellWatch::default())); // dropped at once
+        list.wake_all();
+        assert_eq!(list.lock().len(), 1);
+        let mut never = || false;
+        let now = Some(Instant::now());
+        assert_eq!(
+            kept.wait_interruptible(now, Duration::MAX, &mut never),
+            Ok(vec![])
+        );
+        assert!(!kept.lock().woken); // the wake was taken by that wait
     }
 }

@@ -58,6 +58,14 @@ pub trait WorkerTransport: Send + Sync + 'static {
         resource_ids: Vec<u64>,
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<u32, RpcError>> + Send;
+
+    /// Reads kept value `value_id` of the session (`ReadValue`, dataflow): a kept value's
+    /// `fetch()` on the coordinator. `NOT_FOUND` when the worker does not hold it.
+    fn read_value(
+        &self,
+        value_id: u64,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::Value, RpcError>> + Send;
 }
 
 impl WorkerTransport for WorkerClient {
@@ -105,5 +113,13 @@ impl WorkerTransport for WorkerClient {
         timeout: Option<Duration>,
     ) -> impl Future<Output = Result<u32, RpcError>> + Send {
         WorkerClient::release_resource(self, resource_ids, timeout)
+    }
+
+    fn read_value(
+        &self,
+        value_id: u64,
+        timeout: Option<Duration>,
+    ) -> impl Future<Output = Result<pb::Value, RpcError>> + Send {
+        WorkerClient::read_value(self, value_id, timeout)
     }
 }

@@ -77,13 +77,16 @@ impl PsShared {
             .sessions
             .held()
             .into_iter()
-            .map(|held| pb::SessionHeld {
-                connections: connected.get(&held.session).copied().unwrap_or(0),
-                id: held.session.as_str().to_owned(),
-                resources: held.variables as u64,
-                bytes: held.bytes as u64,
-                idle_seconds: held.idle.as_secs_f64(),
-                named: held.variables > 0,
+            .map(|held| {
+                use crate::rpc::server::sessions::{session_held, Held};
+                let values = held.variables as u64;
+                let owned = Held {
+                    values,
+                    bytes: held.bytes as u64,
+                    named: values > 0,
+                };
+                let connections = connected.get(&held.session).copied().unwrap_or(0);
+                session_held(&held.session, owned, connections, held.idle)
             })
             .collect();
         let load = |c: &AtomicU64| c.load(Ordering::Relaxed);

@@ -3,7 +3,7 @@
 //!
 //! The GIL is held only to convert arguments and results. Every wait (a full queue in
 //! `schedule`, `join`, `done`, `ResultCell.wait`) runs with the GIL released and takes it
-//! back every [`SIGNAL_POLL`] just long enough to run signal handlers, so Ctrl-C
+//! back every [`SIGNAL_POLL`](super::blocking::SIGNAL_POLL) just long enough to run signal handlers, so Ctrl-C
 //! interrupts it (`super::blocking`); `shutdown` waits for the link tasks with the GIL
 //! released (the links take it only to log, so they cannot deadlock on it). A settled cell hands Python an
 //! `EncodedValue` or a `ClosureError` (`super::outcome`), and a closure's failure raised
@@ -18,14 +18,15 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
 use super::blocking::{
-    detach_interruptible, in_runtime, interrupted, signal_poll, wait_in_slices, with_wait_policy,
+    detach_interruptible, in_runtime, interrupted, signal_poll, wait_for, wait_in_slices,
+    with_wait_policy,
 };
 use super::buffer::{bytes_of, bytes_of_all};
 use super::convert::{duration, to_bytes};
 use super::dispatch_convert::dispatch_error;
 use super::enums::{function_kind_arg, ResourceState};
 use super::metrics::Metrics;
-use super::outcome::outcome_object;
+use super::outcome::{outcome_object, PyEncodedValue};
 use super::status::WorkerStatus;
 use crate::dispatch::{
     DispatchError, Dispatcher, DispatcherConfig, EncodedValue, ErrorPolicy, PerWorkerResource,
@@ -313,12 +314,28 @@ impl PyDispatcher {
         self.inner.release_value(worker, value_id);
     }
 
+    #[pyo3(signature = (worker, value_id, *, timeout = None))]
+    fn read_value(
+        &self,
+        py: Python<'_>,
+        worker: usize,
+        value_id: u64,
+        timeout: Option<f64>,
+    ) -> PyResult<PyEncodedValue> {
+        let timeout = duration(timeout, "read_value(): timeout")?;
+        Ok(wait_for(py, self.inner.read_value(worker, value_id, timeout))?.into())
+    }
+
     fn worker_free(&self, worker: usize) -> bool {
         self.inner.worker_free(worker)
     }
 
     fn failure_pending(&self) -> bool {
         self.inner.failure_pending()
+    }
+
+    fn watch_preemptions(&self, watch: &Bound<'_, super::cell_watch::PyCellWatch>) {
+        self.inner.watch_preemptions(&watch.get().inner);
     }
 
     #[pyo3(signature = (timeout = None))]

@@ -39,6 +39,8 @@ record! {
         ps_failures: u64 = self.0.ps_failures,
         functions_registered: u64 = self.0.functions_registered,
         preemptions: std::collections::BTreeMap<String, u64> = self.0.preemptions.clone(),
+        kept_values_fetched: u64 = self.0.kept_values_fetched,
+        kept_bytes_fetched: u64 = self.0.kept_bytes_fetched,
         workers: Vec<WorkerMetrics> = self.0.workers.iter().map(WorkerMetrics::from).collect(),
         latency: LatencyHistogram = LatencyHistogram::from(&self.0.latency),
     }

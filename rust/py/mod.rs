@@ -2,6 +2,7 @@
 
 use pyo3::prelude::*;
 
+mod answer_once;
 mod blocking;
 mod buffer;
 mod cell_watch;
@@ -21,6 +22,7 @@ mod record;
 mod status;
 mod value_reads;
 mod worker;
+mod worker_job;
 
 /// Registers every binding on the `_core` module.
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -29,7 +31,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(log::refresh_log_levels, m)?)?;
     m.add_class::<worker::PyWorkerServer>()?;
     m.add_class::<ps::optim::PyOptimizerSpec>()?;
-    m.add_class::<worker::PyWorkerJob>()?;
+    m.add_class::<worker_job::PyWorkerJob>()?;
     m.add_class::<value_reads::PyValueRead>()?;
     m.add_class::<client::PyWorkerClient>()?;
     device::register(m)?;

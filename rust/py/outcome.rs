@@ -33,6 +33,12 @@ impl PyEncodedValue {
     }
 }
 
+impl From<EncodedValue> for PyEncodedValue {
+    fn from(value: EncodedValue) -> Self {
+        Self { value }
+    }
+}
+
 #[pymethods]
 impl PyEncodedValue {
     #[new]

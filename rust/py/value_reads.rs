@@ -3,14 +3,11 @@
 //! `WorkerServer` methods that give them out (`next_read`, `pull_value`) are in
 //! `worker.rs`; the queue and the clients are Rust's (`crate::worker::reads`, `peers`).
 
-use std::sync::{Mutex, PoisonError};
-
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use super::answer_once::{error_code, AnswerOnce};
 use super::buffer::{bytes_of, bytes_of_all};
 use crate::rpc::pb;
-use crate::rpc::wire::codes::parse_code;
 use crate::worker::reads::ValueRead;
 
 /// A read of a kept value waiting for its answer (see `_core.pyi`).
@@ -18,7 +15,7 @@ use crate::worker::reads::ValueRead;
 pub struct PyValueRead {
     session: String,
     value_id: u64,
-    read: Mutex<Option<ValueRead>>,
+    read: AnswerOnce<ValueRead>,
 }
 
 impl PyValueRead {
@@ -26,16 +23,8 @@ impl PyValueRead {
         Self {
             session: read.session.as_str().to_owned(),
             value_id: read.value_id,
-            read: Mutex::new(Some(read)),
+            read: AnswerOnce::new(read, "read"),
         }
-    }
-
-    fn take(&self) -> PyResult<ValueRead> {
-        self.read
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-            .ok_or_else(|| PyRuntimeError::new_err("this read has already been answered"))
     }
 }
 
@@ -53,10 +42,7 @@ impl PyValueRead {
 
     #[getter]
     fn replied(&self) -> bool {
-        self.read
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none()
+        self.read.answered()
     }
 
     #[pyo3(signature = (value, buffers=Vec::new()))]
@@ -66,20 +52,14 @@ impl PyValueRead {
             pickle: bytes_of(value, "value")?,
             buffers: bytes_of_all(&buffers, "each buffer")?,
         };
-        self.take()?.reply(Ok(encoded));
+        self.read.take()?.reply(Ok(encoded));
         Ok(())
     }
 
     fn reply_status(&self, code: &str, message: &str) -> PyResult<()> {
-        let code = parse_code(code)
-            .filter(|code| *code != tonic::Code::Ok)
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "status code {code:?} is not a gRPC error code name; expected e.g. \
-                     NOT_FOUND or INTERNAL"
-                ))
-            })?;
-        self.take()?
+        let code = error_code(code, "NOT_FOUND or INTERNAL")?;
+        self.read
+            .take()?
             .reply(Err(tonic::Status::new(code, message.to_owned())));
         Ok(())
     }

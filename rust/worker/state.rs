@@ -114,7 +114,12 @@ impl WorkerState {
             closure_bytes_sent: load(&self.stats.bytes_sent),
             slice: self.slice,
             preemption: notice,
-            sessions: self.sessions.snapshot().iter().map(session_held).collect(),
+            sessions: self
+                .sessions
+                .snapshot()
+                .iter()
+                .map(SessionSnapshot::to_proto)
+                .collect(),
             state_ttl_seconds: self.sessions.ttl().as_secs_f64(),
             peer_bytes_sent: load(&self.stats.peer_bytes_sent),
             peer_bytes_received: load(&self.stats.peer_bytes_received),
@@ -306,17 +311,5 @@ impl WorkerState {
                 .reject(too_large("worker", what, size, self.max_message_bytes)));
         }
         Ok(())
-    }
-}
-
-/// A session as `GetStatus` reports it.
-pub fn session_held(session: &SessionSnapshot) -> pb::SessionHeld {
-    pb::SessionHeld {
-        id: session.id.as_str().to_owned(),
-        resources: session.held.values,
-        bytes: session.held.bytes,
-        connections: session.connections,
-        idle_seconds: session.idle.as_secs_f64(),
-        named: session.held.named,
     }
 }

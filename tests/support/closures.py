@@ -37,6 +37,26 @@ def wait_until(
         pause.wait(every)
 
 
+def until_ran_on(
+    coordinator: Any,
+    fn: Callable[..., tuple[int, Any]],
+    args: tuple[Any, ...],
+    worker: int,
+    count: int = 8,
+) -> list[Any]:
+    """Schedules ``count`` calls of ``fn(*args)`` at a time, each returning ``(index of the
+    worker it ran on, result)``, until some ran on ``worker``; those results, in order.
+
+    A coordinator sees a restarted worker (its new incarnation) only once it sends it work,
+    so this is how a test waits for a restart to be noticed and handled."""
+
+    def ran_there() -> list[Any]:
+        calls = [coordinator.schedule(fn, args=args) for _ in range(count)]
+        return [result for index, result in coordinator.fetch(calls) if index == worker]
+
+    return wait_until(ran_there, f"a closure on worker {worker}")  # type: ignore[no-any-return]
+
+
 def wait_for_file(path: str | Path, timeout: float = WAIT_SECONDS) -> bool:
     """Runs anywhere: waits until ``path`` exists; ``False`` if it never does."""
     try:

@@ -408,7 +408,9 @@ class ClusterCoordinator:
         ``cancelled``, ``retried``, ``worker_failures``, ``ps_failures`` (closure runs that
         failed on an unreachable parameter server, retried as transient or raised),
         ``functions_registered``, ``preemptions`` (notices workers announced, by source:
-        ``{"gce": 1}``), per-worker ``workers`` (``index``, ``address``,
+        ``{"gce": 1}``), ``kept_values_fetched``/``kept_bytes_fetched`` (kept values
+        ``fetch()`` read from their holders, and their bytes), per-worker ``workers``
+        (``index``, ``address``,
         ``state``, ``in_state_seconds``, ``last_error`` and this coordinator's
         ``completed``/``failed``/``retried``/``failures`` on that worker) and the
         ``latency`` histogram (schedule to result, seconds). All live: read when called,

@@ -7,9 +7,10 @@ refuses every closure but a *preemption save*: a unary ``RunClosure`` flagged
 deadline, or until no session it still tracks (ended or vanished past ``--state-ttl``
 ones are not) holds such state (``worker/executor.py``).
 
-The coordinator's :class:`PreemptionSaver` watches the dispatcher's view of the workers
-(no RPC: a link learns of the notice on its stream within a round trip) and, for each
-worker newly ``preempting``, reads there every live state created with
+The coordinator's :class:`PreemptionSaver` sleeps on a ``_core.CellWatch`` the dispatcher
+wakes when a link acts on a notice (``Dispatcher.watch_preemptions``; a link learns of the
+notice on its stream within a round trip), then reads the dispatcher's view of the workers
+(no RPC) and, for each worker newly ``preempting``, reads there every live state created with
 ``on_preemption="save"``, one save each, bounded by the deadline. The copy (a numpy pytree)
 becomes the resource's build arguments for that worker index, held in the coordinator's
 memory until the index is next built: the replacement starts from it instead of running
@@ -36,6 +37,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from jaxcluster import wire
+from jaxcluster._native import core
 from jaxcluster.coordinator import _encoding
 
 if TYPE_CHECKING:
@@ -45,9 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["PreemptionSaver"]
 
 _log = logging.getLogger("jaxcluster.coordinator")
-
-#: How often the saver looks at the workers' states (no RPC; a dict of the links' states).
-POLL_SECONDS = 0.02
 
 
 class PreemptionSaver:
@@ -69,6 +68,9 @@ class PreemptionSaver:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Woken by each preemption notice a link acts on, and by stop().
+        self._notices = core.CellWatch()
+        dispatcher.watch_preemptions(self._notices)
 
     def watch(self, state: PerWorkerState) -> None:
         """Saves ``state`` from every worker preempted from now on, while it is alive."""
@@ -90,16 +92,19 @@ class PreemptionSaver:
     def stop(self) -> None:
         """Stops watching (saves under way finish on their own threads). Idempotent."""
         self._stop.set()
+        self._notices.wake()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_SECONDS):
+        # A first look for notices that came before this thread started, then one per wake.
+        while not self._stop.is_set():
             try:
                 self._check()
             except Exception:  # a dispatcher shut down under it; logged, never raised
                 _log.debug("the preemption save watch failed", exc_info=True)
+            self._notices.wait(None)
 
     def _check(self) -> None:
         for status in self._dispatcher.worker_statuses():

@@ -7,7 +7,9 @@
 //! - `scheduling.rs`: functions, closures for any worker, the queue's waits.
 //! - `per_worker.rs`: work aimed at one worker (resource builds, `schedule_on`).
 //! - `views.rs`: metrics and worker statuses.
+//! - `direct.rs`: calls to one worker beside its link (`GetStatus`, `ReadValue`).
 
+mod direct;
 mod membership;
 mod per_worker;
 mod scheduling;
@@ -34,10 +36,10 @@ use super::status::LinkStatus;
 use super::transport::WorkerTransport;
 use super::DispatchError;
 use crate::queue::{ClosureQueue, Tag};
+use direct::DirectCalls;
 pub use membership::Removal;
 pub(crate) use shared::Shared;
 pub use views::MetricsSnapshot;
-use views::StatusProbe;
 
 /// Moves closures to workers: one link (a task on the shared runtime) per worker.
 /// See the [module documentation](super) for threads, failures and ownership.
@@ -63,8 +65,9 @@ pub struct Dispatcher {
     shared: Arc<Shared>,
     /// Each running link's task, by worker index.
     links: Mutex<HashMap<usize, JoinHandle<()>>>,
-    /// Each link's transport, shared with the link, for [`Dispatcher::refresh_statuses`].
-    probes: Mutex<Vec<Arc<dyn StatusProbe>>>,
+    /// Each link's transport, shared with the link, for the calls of `direct.rs`
+    /// ([`Dispatcher::refresh_statuses`], [`Dispatcher::read_value`]).
+    direct: Mutex<Vec<Arc<dyn DirectCalls>>>,
     /// Held while workers join or leave, and while a per-worker resource is created, so a
     /// new worker gets every resource exactly once and indices match across the tables.
     membership: Mutex<()>,
@@ -104,7 +107,7 @@ impl Dispatcher {
         let dispatcher = Self {
             shared,
             links: Mutex::new(HashMap::new()),
-            probes: Mutex::new(Vec::new()),
+            direct: Mutex::new(Vec::new()),
             membership: Mutex::new(()),
         };
         // Dropping `dispatcher` on an error stops the links already started.
@@ -144,8 +147,8 @@ impl Dispatcher {
                 status
             };
             let index = status.index();
-            self.lock_probes()
-                .push(Arc::clone(&transport) as Arc<dyn StatusProbe>);
+            self.lock_direct()
+                .push(Arc::clone(&transport) as Arc<dyn DirectCalls>);
             for resource in &resources {
                 if resource.add_worker(index) {
                     let work = Work::CreateResource {
@@ -196,8 +199,8 @@ impl Dispatcher {
         self.links.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn lock_probes(&self) -> MutexGuard<'_, Vec<Arc<dyn StatusProbe>>> {
-        self.probes.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock_direct(&self) -> MutexGuard<'_, Vec<Arc<dyn DirectCalls>>> {
+        self.direct.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn lock_membership(&self) -> MutexGuard<'_, ()> {

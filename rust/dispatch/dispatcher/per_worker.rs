@@ -184,6 +184,13 @@ impl Dispatcher {
                 == 0
     }
 
+    /// Wakes `watch` (its waiter returns with nothing settled) each time a worker's
+    /// preemption notice is acted on, from now on: the coordinator's preemption saver
+    /// sleeps on it and then reads the worker statuses, instead of polling them.
+    pub fn watch_preemptions(&self, watch: &Arc<crate::dispatch::CellWatch>) {
+        self.shared.counters.preemption_watches.add(watch);
+    }
+
     /// Whether a closure error is pending under `cancel_all` (not raised yet): dataflow
     /// cancels a consumer that became ready meanwhile instead of queueing it.
     pub fn failure_pending(&self) -> bool {

@@ -1,34 +1,15 @@
 //! What the dispatcher shows of itself: [`MetricsSnapshot`], per-worker statuses, and
-//! refreshing those statuses with a `GetStatus` to every stale worker at once.
+//! refreshing those statuses with a `GetStatus` to every stale worker at once (through
+//! `direct.rs`).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::direct::DirectCalls;
 use super::Dispatcher;
 use crate::dispatch::metrics::LatencySnapshot;
 use crate::dispatch::status::{LinkState, WorkerSnapshot};
-use crate::dispatch::transport::WorkerTransport;
-use crate::rpc::{pb, RpcError};
-
-/// A boxed `GetStatus` call, so the dispatcher can hold its links' transports without
-/// knowing their type.
-type StatusCall<'a> =
-    Pin<Box<dyn Future<Output = Result<pb::GetStatusResponse, RpcError>> + Send + 'a>>;
-
-/// `GetStatus` on one worker, object-safe (a [`WorkerTransport`]'s methods return
-/// `impl Future`, so it cannot be a trait object itself).
-pub(super) trait StatusProbe: Send + Sync {
-    fn probe(&self, timeout: Duration) -> StatusCall<'_>;
-}
-
-impl<T: WorkerTransport> StatusProbe for T {
-    fn probe(&self, timeout: Duration) -> StatusCall<'_> {
-        Box::pin(self.get_status(Some(timeout)))
-    }
-}
 
 /// A snapshot of [`Dispatcher::metrics`].
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +38,11 @@ pub struct MetricsSnapshot {
     pub preemptions: std::collections::BTreeMap<String, u64>,
     /// Per-worker address and state.
     pub workers: Vec<WorkerSnapshot>,
+    /// Kept values (dataflow) this coordinator fetched with `ReadValue`
+    /// ([`Dispatcher::read_value`]), and their encoded bytes.
+    pub kept_values_fetched: u64,
+    /// Bytes of the kept values fetched (pickle plus buffers).
+    pub kept_bytes_fetched: u64,
     /// Schedule-to-result latency of settled closures.
     pub latency: LatencySnapshot,
 }
@@ -97,6 +83,8 @@ impl Dispatcher {
             ps_failures: shared.ps_failures.reports(),
             functions_registered: load(&shared.counters.functions_registered),
             preemptions: shared.counters.preemptions(),
+            kept_values_fetched: load(&shared.counters.kept_values_fetched),
+            kept_bytes_fetched: load(&shared.counters.kept_bytes_fetched),
             workers: self.worker_statuses(),
             latency: shared.latency.snapshot(),
         }
@@ -140,8 +128,8 @@ impl Dispatcher {
             return 0;
         };
         let shared = Arc::clone(&self.shared);
-        let probes: Vec<(usize, Arc<dyn StatusProbe>)> = {
-            let all = self.lock_probes();
+        let probes: Vec<(usize, Arc<dyn DirectCalls>)> = {
+            let all = self.lock_direct();
             stale
                 .into_iter()
                 .filter_map(|index| Some((index, Arc::clone(all.get(index)?))))

@@ -17,7 +17,8 @@
 //! `crash-on:<worker>`, `ps-fail:<task>:<times>`, and for resources `resource` /
 //! `resource-raise`. Arguments whose
 //! pickle starts with `res:<id>,<id>…` use those resources, as a real worker resolves
-//! persistent ids.
+//! persistent ids. `ReadValue` of a resource built fine answers the pickle
+//! `value <id>` (a kept value, as the fake sees one); of anything else, `NOT_FOUND`.
 
 pub mod behaviour;
 mod stream;

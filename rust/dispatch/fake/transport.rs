@@ -247,4 +247,25 @@ impl WorkerTransport for FakeTransport {
         })
         .await
     }
+
+    async fn read_value(
+        &self,
+        value_id: u64,
+        timeout: Option<Duration>,
+    ) -> Result<pb::Value, RpcError> {
+        bounded(timeout, async {
+            self.worker().begin("ReadValue", Some(value_id))?;
+            match lock(&self.worker().state).resources.get(&value_id) {
+                Some(None) => Ok(pb::Value {
+                    pickle: format!("value {value_id}").into_bytes().into(),
+                    buffers: Vec::new(),
+                }),
+                _ => Err(RpcError::NotFound(format!(
+                    "fake worker {} holds no value {value_id}",
+                    self.index
+                ))),
+            }
+        })
+        .await
+    }
 }

@@ -365,9 +365,21 @@ fn a_preempted_worker_gets_nothing_more_and_its_queued_closures_run_elsewhere_un
     });
     let preempted = preempted.unwrap_or_default();
     let deadline = crate::rpc::unix_now() + 30.0;
+    let notices = Arc::new(crate::dispatch::CellWatch::default());
+    dispatcher.watch_preemptions(&notices);
     assert!(workers[preempted]
         .server
         .preempt("gce", deadline, "instance/preempted=TRUE"));
+    // The watch wakes once the link acted on the notice, which its status then shows.
+    let started = Instant::now();
+    let mut never = || false;
+    let woken = notices.wait_interruptible(Some(started + PATIENCE), Duration::MAX, &mut never);
+    assert_eq!(woken, Ok(vec![]));
+    assert!(
+        started.elapsed() < PATIENCE,
+        "the preemption watch never woke"
+    );
+    assert!(dispatcher.worker_statuses()[preempted].preemption.is_some());
     assert!(!workers[preempted].server.preempt("signal", 0.0, "SIGTERM"));
     let status = workers[preempted].server.status();
     assert_eq!(status.state(), pb::ServingState::Preempting);

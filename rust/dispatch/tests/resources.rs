@@ -160,3 +160,33 @@ fn a_release_taken_while_pipelining_is_still_sent_after_its_worker_fails() {
     }
     join(&dispatcher);
 }
+
+#[test]
+fn reading_a_kept_value_counts_it_and_a_missing_or_unreachable_one_says_so() {
+    use crate::rpc::RpcError;
+
+    let cluster = FakeCluster::new(2);
+    let dispatcher = start(&cluster, fast_config());
+    let resource = built_resource(&dispatcher, 2);
+    let runtime = crate::runtime::runtime().unwrap();
+    let read = |worker, id| runtime.block_on(dispatcher.read_value(worker, id, Some(PATIENCE)));
+    let value = read(0, resource.id()).unwrap();
+    assert_eq!(value.pickle, format!("value {}", resource.id()).as_bytes());
+    let metrics = dispatcher.metrics();
+    assert_eq!(metrics.kept_values_fetched, 1);
+    assert_eq!(metrics.kept_bytes_fetched, value.byte_len() as u64);
+    assert!(matches!(
+        read(0, resource.id() + 1000),
+        Err(RpcError::NotFound(_))
+    ));
+    cluster.kill(1);
+    assert!(matches!(
+        read(1, resource.id()),
+        Err(RpcError::Unavailable(_))
+    ));
+    assert!(matches!(
+        read(5, resource.id()),
+        Err(RpcError::InvalidArgument(_))
+    ));
+    assert_eq!(dispatcher.metrics().kept_values_fetched, 1); // failed reads count nothing
+}

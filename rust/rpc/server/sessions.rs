@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
+use crate::rpc::pb;
 use crate::rpc::wire::session::SessionId;
 
 /// How often the sweeper looks for vanished sessions past their ttl.
@@ -76,6 +77,31 @@ pub struct SessionSnapshot {
     pub connections: u32,
     /// Time since its last call.
     pub idle: Duration,
+}
+
+/// A session as `GetStatus` reports it, worker and ps alike: the one place that spells
+/// `pb::SessionHeld`. `connections` and `idle` are the server's; `held` its owner's report.
+pub fn session_held(
+    id: &SessionId,
+    held: Held,
+    connections: u32,
+    idle: Duration,
+) -> pb::SessionHeld {
+    pb::SessionHeld {
+        id: id.as_str().to_owned(),
+        resources: held.values,
+        bytes: held.bytes,
+        connections,
+        idle_seconds: idle.as_secs_f64(),
+        named: held.named,
+    }
+}
+
+impl SessionSnapshot {
+    /// This session as `GetStatus` reports it ([`session_held`]).
+    pub fn to_proto(&self) -> pb::SessionHeld {
+        session_held(&self.id, self.held, self.connections, self.idle)
+    }
 }
 
 /// The callback that releases a session's values.
