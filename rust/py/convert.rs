@@ -1,6 +1,6 @@
 //! Python arguments to Rust values, for the settings and payloads several bindings take.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pyo3::exceptions::PyValueError;
@@ -62,4 +62,13 @@ pub(crate) fn server_limits(
     }
     .validate()
     .map_err(PyValueError::new_err)
+}
+
+/// A Python timeout in seconds as a deadline; `None` means none.
+pub(crate) fn deadline_after(timeout: Option<f64>, what: &str) -> PyResult<Option<Instant>> {
+    if timeout == Some(f64::INFINITY) {
+        return Ok(None);
+    }
+    let timeout = duration(timeout, &format!("{what}(): timeout"))?;
+    Ok(timeout.and_then(|timeout| Instant::now().checked_add(timeout)))
 }

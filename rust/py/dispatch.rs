@@ -3,9 +3,10 @@
 //!
 //! The GIL is held only to convert arguments and results. Every wait (a full queue in
 //! `schedule`, `join`, `done`, `ResultCell.wait`) runs with the GIL released and takes it
-//! back every [`SIGNAL_POLL`](super::blocking::SIGNAL_POLL) just long enough to run signal handlers, so Ctrl-C
-//! interrupts it (`super::blocking`); `shutdown` waits for the link tasks with the GIL
-//! released (the links take it only to log, so they cannot deadlock on it). A settled cell hands Python an
+//! back now and then just long enough to run signal handlers, so Ctrl-C interrupts it
+//! (`super::blocking`); `shutdown` waits for the link tasks with the GIL released (the
+//! links take it only to log, so they cannot deadlock on it). A settled cell
+//! (`super::result_cell`) hands Python an
 //! `EncodedValue` or a `ClosureError` (`super::outcome`), and a closure's failure raised
 //! here becomes a Python exception through the builder Python registers once
 //! (`_core.set_exception_builder`; Python owns rebuilding user exceptions).
@@ -17,20 +18,18 @@ use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 
-use super::blocking::{
-    detach_interruptible, in_runtime, interrupted, signal_poll, wait_for, wait_in_slices,
-    with_wait_policy,
-};
+use super::blocking::{in_runtime, interrupted, wait_for, wait_in_slices, with_wait_policy};
 use super::buffer::{bytes_of, bytes_of_all};
-use super::convert::{duration, to_bytes};
+use super::convert::{deadline_after, duration, to_bytes};
 use super::dispatch_convert::dispatch_error;
 use super::enums::{function_kind_arg, ResourceState};
 use super::metrics::Metrics;
-use super::outcome::{outcome_object, PyEncodedValue};
+use super::outcome::PyEncodedValue;
+use super::result_cell::PyResultCell;
 use super::status::WorkerStatus;
 use crate::dispatch::{
     DispatchError, Dispatcher, DispatcherConfig, EncodedValue, ErrorPolicy, PerWorkerResource,
-    ResultCell, Versions,
+    Versions,
 };
 use crate::queue::WaitPolicy;
 use crate::rpc::{pb, ClientConfig, WorkerClient};
@@ -391,65 +390,6 @@ impl PyDispatcher {
 }
 
 /// The Python-facing result cell; documented in `_core.pyi`.
-#[pyclass(frozen, module = "jaxcluster._core", name = "ResultCell")]
-pub struct PyResultCell {
-    inner: Arc<ResultCell>,
-}
-
-#[pymethods]
-impl PyResultCell {
-    #[pyo3(signature = (timeout = None))]
-    fn wait(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
-        let deadline = deadline_after(timeout, "ResultCell.wait")?;
-        if self.inner.outcome().is_some() {
-            return Ok(true); // no GIL hand-off for a value that is already there
-        }
-        let every = signal_poll(py);
-        let (waited, raised) = detach_interruptible(py, |check| {
-            self.inner.wait_interruptible(deadline, every, check)
-        });
-        waited.map_err(|_| interrupted(raised))
-    }
-
-    #[getter]
-    fn status(&self) -> i64 {
-        self.inner.status() as i64
-    }
-
-    #[getter]
-    fn closure_id(&self) -> u64 {
-        self.inner.id()
-    }
-
-    #[getter]
-    fn worker(&self) -> Option<usize> {
-        self.inner.worker()
-    }
-
-    fn watch(&self, watch: &Bound<'_, super::cell_watch::PyCellWatch>) {
-        self.inner.watch(&watch.get().inner);
-    }
-
-    fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        match self.inner.outcome() {
-            Some(outcome) => outcome_object(py, &outcome),
-            None => Err(PyRuntimeError::new_err(format!(
-                "ResultCell.result(): closure {} has not finished (status NOT_READY); call \
-                 wait() until it returns True first",
-                self.inner.id()
-            ))),
-        }
-    }
-
-    fn __repr__(&self) -> String {
-        let status = ["NOT_READY", "ABORTED", "READY"][self.inner.status() as usize];
-        format!(
-            "ResultCell(closure_id={}, status={status})",
-            self.inner.id()
-        )
-    }
-}
-
 /// The Python-facing per-worker resource handle; documented in `_core.pyi`.
 #[pyclass(frozen, module = "jaxcluster._core", name = "PerWorkerResource")]
 pub struct PyPerWorkerResource {
@@ -558,15 +498,6 @@ where
         DispatchError::Interrupted => interrupted(raised),
         e => dispatch_error(py, e),
     })
-}
-
-/// A Python timeout in seconds as a deadline; `None` means none.
-fn deadline_after(timeout: Option<f64>, what: &str) -> PyResult<Option<Instant>> {
-    if timeout == Some(f64::INFINITY) {
-        return Ok(None);
-    }
-    let timeout = duration(timeout, &format!("{what}(): timeout"))?;
-    Ok(timeout.and_then(|timeout| Instant::now().checked_add(timeout)))
 }
 
 /// A bound in seconds from Python: `None` keeps the configured value (`Ok(None)`),

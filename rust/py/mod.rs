@@ -19,6 +19,7 @@ mod outcome;
 mod ps;
 mod queue;
 mod record;
+mod result_cell;
 mod status;
 mod value_reads;
 mod worker;
@@ -37,7 +38,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     device::register(m)?;
     m.add_class::<queue::PyClosureQueue>()?;
     m.add_class::<dispatch::PyDispatcher>()?;
-    m.add_class::<dispatch::PyResultCell>()?;
+    m.add_class::<result_cell::PyResultCell>()?;
     m.add_class::<cell_watch::PyCellWatch>()?;
     m.add_class::<dispatch::PyPerWorkerResource>()?;
     m.add_class::<buffer::PyBuffer>()?;
