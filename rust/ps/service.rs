@@ -5,17 +5,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
 use prost::Message;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::dtype::{DType, Op};
+use super::dtype::Op;
 use super::sessions::{PsSessions, Room};
 use super::store::{StoreError, Updated, VariableStore};
 use super::tensor::TensorView;
 use crate::rpc::server::connections::{connection_info, ConnectionInfo};
 use crate::rpc::server::sessions::{Release, SessionRegistry};
-use crate::rpc::wire::chunks::{self, answer};
+use crate::rpc::wire::chunks;
 use crate::rpc::wire::limits::too_large;
 use crate::rpc::wire::session::SessionId;
 use crate::rpc::{pb, PROTOCOL_REVISION};
@@ -352,132 +351,12 @@ impl PsShared {
             limit,
         )
     }
-
-    fn reattach(
-        &self,
-        session: &SessionId,
-        request: &pb::ReattachRequest,
-    ) -> Result<pb::ReattachResponse, Status> {
-        let dtype = DType::from_pb(request.dtype).map_err(|e| {
-            self.reject(Status::invalid_argument(format!(
-                "reattach of {:?}: {e}",
-                request.name
-            )))
-        })?;
-        let shape = request
-            .shape
-            .iter()
-            .map(|&d| usize::try_from(d))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|_| {
-                self.reject(Status::invalid_argument(format!(
-                    "reattach of {:?}: a dimension does not fit this machine's address space",
-                    request.name
-                )))
-            })?;
-        // Sessions still connected are searched last: a vanished predecessor's variable is
-        // the one a restarted program means.
-        let connected: std::collections::HashSet<SessionId> = self
-            .registry
-            .snapshot()
-            .into_iter()
-            .filter(|tracked| tracked.connections > 0)
-            .map(|tracked| tracked.id)
-            .collect();
-        let found = self
-            .sessions
-            .reattach(session, &request.name, dtype, &shape, |other| {
-                !connected.contains(other)
-            })
-            .map_err(|e| self.store_error(&e))?;
-        Ok(match found {
-            None => pb::ReattachResponse::default(),
-            Some(found) => {
-                if let Some(from) = &found.from {
-                    tracing::info!(
-                        target: crate::log_target::PS,
-                        "session {session} re-attached variable {:?} ({} slots) from session \
-                         {from}",
-                        request.name,
-                        found.slots.len()
-                    );
-                }
-                pb::ReattachResponse {
-                    found: true,
-                    slots: found.slots,
-                }
-            }
-        })
-    }
-
-    /// A chunked request decoded; a failure is counted as a rejected request.
-    fn decoded<M: Message + Default>(&self, encoded: Bytes, what: &str) -> Result<M, Status> {
-        chunks::decode(encoded, what).map_err(|s| self.reject(s))
-    }
-
-    /// Runs one unary call that came through `CallChunked`, whose answer may be of any
-    /// size (it leaves in chunks).
-    fn chunked(
-        &self,
-        store: &VariableStore,
-        method: &str,
-        encoded: Bytes,
-    ) -> Result<Vec<pb::Chunk>, Status> {
-        let what = format!("a chunked {method} request");
-        let what = what.as_str();
-        let any = usize::MAX;
-        let limit = self.max_message_bytes;
-        Ok(match method {
-            "CreateVariable" => answer(&self.create(store, &self.decoded(encoded, what)?)?, limit),
-            "Read" => answer(
-                &self.read(store, &self.decoded(encoded, what)?, any)?,
-                limit,
-            ),
-            "Assign" => answer(
-                &self.update(store, &self.decoded(encoded, what)?, Op::Assign, any)?,
-                limit,
-            ),
-            "AssignAdd" => answer(
-                &self.update(store, &self.decoded(encoded, what)?, Op::Add, any)?,
-                limit,
-            ),
-            "AssignSub" => answer(
-                &self.update(store, &self.decoded(encoded, what)?, Op::Sub, any)?,
-                limit,
-            ),
-            "ScatterAdd" => answer(
-                &self.scatter_add(store, &self.decoded(encoded, what)?, any)?,
-                limit,
-            ),
-            "ReadMany" => answer(
-                &self.read_many(store, &self.decoded(encoded, what)?, any)?,
-                limit,
-            ),
-            "AssignMany" => answer(
-                &self.assign_many(store, &self.decoded(encoded, what)?)?,
-                limit,
-            ),
-            "ApplyUpdate" => answer(
-                &self.apply_update(store, &self.decoded(encoded, what)?, any)?,
-                limit,
-            ),
-            other => return Err(self.reject(chunks::unknown_method(other, &CHUNKED_METHODS))),
-        })
-    }
 }
 
-/// The unary methods `CallChunked` carries (those whose messages can be large).
-const CHUNKED_METHODS: [&str; 9] = [
-    "CreateVariable",
-    "Read",
-    "Assign",
-    "AssignAdd",
-    "AssignSub",
-    "ScatterAdd",
-    "ReadMany",
-    "AssignMany",
-    "ApplyUpdate",
-];
+#[path = "service_chunked.rs"]
+mod chunked;
+#[path = "service_reattach.rs"]
+mod reattach;
 
 /// The `jaxcluster.v1.ParameterServer` service.
 pub struct PsService {

@@ -239,7 +239,7 @@ impl Optimizer {
         slots: &mut [&mut [u8]],
     ) {
         let elements = param.len() / S::SIZE;
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let cores = cores();
         let parts = cores.min(MAX_PARTS).min(elements / PART_ELEMENTS).max(1);
         if parts == 1 {
             return self.apply_range::<S, T>(done, param, grad, slots);
@@ -400,6 +400,13 @@ const PART_ELEMENTS: usize = 1 << 18;
 
 /// Most threads one update uses.
 const MAX_PARTS: usize = 8;
+
+/// The cores this process may use, asked once: `available_parallelism` reads the cgroup's
+/// CPU quota from /proc on every call, a cost per update that is not the update's.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, std::num::NonZero::get))
+}
 
 /// How a stored float type converts to and from the type it is computed in.
 trait Stored<T>: Sized {
