@@ -143,15 +143,22 @@ def test_a_collected_kept_value_is_released_on_its_worker(
     )
 
 
+def _kept_then_holder_killed(cluster: Any, coordinator: Any, tmp_path: Path) -> tuple[Any, int]:
+    """A 4 MiB value kept on some worker, and that worker SIGKILLed: (its RemoteValue, the
+    holder's index)."""
+    producer = coordinator.schedule(_ones, args=(str(tmp_path), "p", MIB), keep_result=True)
+    assert producer.nbytes == 4 * MIB
+    holder = producer.worker
+    assert holder is not None
+    cluster.kill_worker(holder)
+    return producer, holder
+
+
 def test_a_holder_killed_before_its_consumer_ran_remakes_the_value(
     tmp_path: Path,
 ) -> None:
     with local_cluster(2) as cluster, cluster.coordinator(recovery_timeout=30) as coordinator:
-        producer = coordinator.schedule(_ones, args=(str(tmp_path), "p", MIB), keep_result=True)
-        assert producer.nbytes == 4 * MIB
-        holder = producer.worker
-        assert holder is not None
-        cluster.kill_worker(holder)
+        producer, holder = _kept_then_holder_killed(cluster, coordinator, tmp_path)
         wait_until(
             lambda: coordinator.workers[holder].state != "up", "the coordinator to see it down"
         )
@@ -164,11 +171,7 @@ def test_a_holder_killed_before_its_consumer_ran_remakes_the_value(
 
 def test_fetching_a_kept_value_whose_holder_was_killed_remakes_it(tmp_path: Path) -> None:
     with local_cluster(2) as cluster, cluster.coordinator(recovery_timeout=30) as coordinator:
-        producer = coordinator.schedule(_ones, args=(str(tmp_path), "p", MIB), keep_result=True)
-        assert producer.nbytes == 4 * MIB
-        holder = producer.worker
-        assert holder is not None
-        cluster.kill_worker(holder)
+        producer, holder = _kept_then_holder_killed(cluster, coordinator, tmp_path)
         np.testing.assert_array_equal(producer.fetch(timeout=120), np.ones(MIB, np.float32))
         assert len(runs(tmp_path, "p")) == 2  # lineage ran the producer once more
         assert producer.worker == 1 - holder

@@ -18,7 +18,7 @@ import pytest
 
 from jaxcluster import LocalCluster, errors
 from jaxcluster.coordinator import ClusterCoordinator, get_current_worker_index
-from support.closures import TESTS_DIR, wait_for_file, wait_until
+from support.closures import TESTS_DIR, slice_cluster, wait_for_file, wait_until
 
 HOSTS, DEVICES, SLICES = 2, 2, 2
 pytestmark = pytest.mark.timeout(600)
@@ -116,14 +116,7 @@ def take_with_pids(iterator: Iterator[Any]) -> tuple[Any, tuple[int, list[int]]]
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
-    with LocalCluster(
-        num_workers=SLICES * HOSTS,
-        hosts_per_slice=HOSTS,
-        devices_per_host=DEVICES,
-        env={"PYTHONPATH": path},
-        worker_args=["--slice-heartbeat-timeout", "3", "--slice-init-timeout", "120"],
-    ) as local:
+    with slice_cluster(SLICES * HOSTS, HOSTS, DEVICES) as local:
         yield local
 
 

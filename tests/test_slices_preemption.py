@@ -21,7 +21,7 @@ import pytest
 
 from jaxcluster import LocalCluster
 from jaxcluster.coordinator import DeviceState
-from support.closures import TESTS_DIR, wait_until
+from support.closures import slice_cluster, wait_until
 from support.workers import pid_gone
 
 jax = pytest.importorskip("jax")
@@ -36,14 +36,7 @@ pytestmark = pytest.mark.timeout(600)
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
-    with LocalCluster(
-        num_workers=HOSTS,
-        hosts_per_slice=HOSTS,
-        devices_per_host=DEVICES,
-        env={"PYTHONPATH": path},
-        worker_args=["--slice-heartbeat-timeout", "3", "--slice-init-timeout", "120"],
-    ) as local:
+    with slice_cluster(HOSTS, HOSTS, DEVICES) as local:
         yield local
 
 

@@ -124,3 +124,20 @@ def local_cluster(num_workers: int, **env: str) -> Iterator[Any]:
     path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
     with LocalCluster(num_workers, env={"PYTHONPATH": path, **env}) as cluster:
         yield cluster
+
+
+@contextmanager
+def slice_cluster(num_workers: int, hosts_per_slice: int, devices_per_host: int) -> Iterator[Any]:
+    """A ``LocalCluster`` of slices whose hosts can import the test modules, a slice host's
+    death noticed in 3 s, and 120 s for a slice to form on a loaded machine."""
+    from jaxcluster import LocalCluster
+
+    path = os.pathsep.join(p for p in (str(TESTS_DIR), os.environ.get("PYTHONPATH")) if p)
+    with LocalCluster(
+        num_workers=num_workers,
+        hosts_per_slice=hosts_per_slice,
+        devices_per_host=devices_per_host,
+        env={"PYTHONPATH": path},
+        worker_args=["--slice-heartbeat-timeout", "3", "--slice-init-timeout", "120"],
+    ) as cluster:
+        yield cluster
