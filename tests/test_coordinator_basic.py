@@ -77,7 +77,7 @@ def test_a_remote_value_as_input_is_its_result(coordinator: ClusterCoordinator) 
             self.value = value
 
     # Inside an object dataflow does not look into, it is still refused, saying why.
-    with pytest.raises(ValueError, match="not a tuple, list or dict"):
+    with pytest.raises(ValueError, match="not a tuple, list, dict or registered JAX pytree node"):
         coordinator.schedule(lambda x: x, args=(Box(rv),))
 
 

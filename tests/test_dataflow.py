@@ -7,11 +7,13 @@ lineage, release) is in ``test_dataflow_kept.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 import pytest
 
@@ -26,6 +28,23 @@ def _gated(path: str, value: Any) -> Any:
     Path(path + ".started").touch()
     assert wait_for_file(path), f"{path} never appeared"
     return value
+
+
+@dataclasses.dataclass
+class _Params:
+    """A container JAX knows as a pytree node (workers import it with this module)."""
+
+    weights: Any
+    bias: Any
+    name: str = "p"
+
+
+jax.tree_util.register_dataclass(_Params, data_fields=["weights", "bias"], meta_fields=["name"])
+
+
+def _params_sum(params: _Params) -> Any:
+    assert isinstance(params, _Params) and params.name == "layer"
+    return float(params.weights.sum()) + params.bias
 
 
 def _fail(message: str) -> Any:
@@ -138,3 +157,17 @@ def test_producer_values_are_inlined_once_per_consumer(
 def cluster() -> Iterator[Any]:
     with local_cluster(2) as c:
         yield c
+
+
+def test_remote_values_inside_a_registered_jax_pytree(per_closure: ClusterCoordinator) -> None:
+    # "Anywhere in the argument pytree": a jax.tree_util node is looked into as tuples,
+    # lists and dicts are, kept and returned producers alike, and fetch() rebuilds it.
+    weights = per_closure.schedule(np.ones, args=(1000,), keep_result=True)
+    bias = per_closure.schedule(lambda: 5.0)
+    params = _Params(weights, bias, name="layer")
+    total = per_closure.schedule(_params_sum, args=(params,))
+    assert total.fetch() == 1005.0
+    fetched = per_closure.fetch(params)
+    assert isinstance(fetched, _Params) and fetched.name == "layer"
+    np.testing.assert_array_equal(fetched.weights, np.ones(1000))
+    assert fetched.bias == 5.0

@@ -69,9 +69,9 @@ def reject_remote_value(remote_value: Any) -> None:
 
 _REMOTE_VALUE_MESSAGE = (
     "a RemoteValue was passed as an argument of schedule() inside an object that is not a "
-    "tuple, list or dict; a closure takes another closure's result only as a leaf of "
-    "the tuples, lists and dicts of args/kwargs. Put it there, or .fetch() it and pass the "
-    "value instead"
+    "tuple, list, dict or registered JAX pytree node; a closure takes another closure's "
+    "result only as a leaf of those containers in args/kwargs. Put it there (or register "
+    "the class with jax.tree_util), or .fetch() it and pass the value instead"
 )
 
 
