@@ -285,14 +285,15 @@ class ClusterCoordinator:
         rest).
 
         Dataflow (where TF raises ``ValueError``): a ``RemoteValue`` anywhere in the
-        tuples, lists and dicts of ``args``/``kwargs`` makes this closure wait for that
-        producer (``schedule`` itself returns at once) and receive its result: a kept one
-        is read on the worker holding it (the closure runs there when that worker is free)
-        or pulled worker to worker, never through this process. With ``keep_result=True``
-        the result stays on the worker (``rv.spec``, ``rv.nbytes``, ``rv.worker``;
-        ``rv.fetch()`` pulls it) and is released there when ``rv`` is garbage-collected. A
-        producer's error fails its consumers with ``ClosureInputError`` naming it; a kept
-        value whose worker died is made again by re-running its producer (lineage).
+        tuples, lists, dicts and JAX pytree nodes of ``args``/``kwargs`` makes this
+        closure wait for that producer (``schedule`` itself returns at once) and receive
+        its result: a kept one is read on the worker holding it (the closure runs there
+        when that worker is free) or pulled worker to worker, never through this process.
+        With ``keep_result=True`` the result stays on the worker (``rv.spec``,
+        ``rv.nbytes``, ``rv.worker``; ``rv.fetch()`` pulls it) and is released there when
+        ``rv`` is garbage-collected. A producer's error fails its consumers with
+        ``ClosureInputError`` naming it; a kept value whose worker died is made again by
+        re-running its producer (lineage).
 
         Example::
 

@@ -20,7 +20,8 @@ _NOT_READY, _ABORTED, _READY = 0, 1, 2
 
 
 def find_remote_values(value: Any, kind: type) -> list[Any]:
-    """Every instance of ``kind`` among the leaves of ``value`` (tuples, lists, dicts)."""
+    """Every instance of ``kind`` among the leaves of ``value`` (tuples, lists, dicts, JAX
+    pytree nodes: ``structure.map_structure``)."""
     found: list[Any] = []
 
     def visit(leaf: Any) -> Any:

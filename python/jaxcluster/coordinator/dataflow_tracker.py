@@ -4,8 +4,8 @@ other closures' results.
 ``schedule(fn, args, kwargs, keep_result=True)`` has the worker keep the result (a live
 object, JAX arrays on device) under an id from the dispatcher's resource-id counter; only a
 ``wire.KeptInfo`` (spec and size) comes back. A ``RemoteValue`` anywhere in the argument
-pytree (tuples, lists, dicts) makes the closure a *consumer*: it is queued only once every
-producer has ended, without blocking ``schedule``.
+pytree (tuples, lists, dicts, registered JAX nodes) makes the closure a *consumer*: it is
+queued only once every producer has ended, without blocking ``schedule``.
 
 One :class:`Tracker` per coordinator owns every such closure (a :class:`Node`) and one
 daemon thread, which sleeps on a ``_core.CellWatch`` (a Rust hook told by each producer's
