@@ -178,11 +178,14 @@ class SlurmCluster:
         return (state.group(1) if state else "UNKNOWN", code.group(1) if code else "?")
 
     def wait_job(self, job_id: str, cwd: Path, timeout: float = 240.0) -> Job:
-        """Waits (polling, with a deadline) until the job has ended."""
+        """Waits (polling, with a deadline) until the job has ended: a state in
+        :data:`ENDED`. Every other state waits, the passing ones too (``SIGNALING`` while
+        ``--signal`` is delivered, ``COMPLETING``, ``STAGE_OUT``; ``UNKNOWN`` when
+        ``scontrol`` did not answer)."""
         deadline = time.monotonic() + timeout
         while True:
             state, code = self.job_state(job_id)
-            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+            if state in ENDED:
                 return Job(job_id, state, code, read_output(cwd, job_id))
             if time.monotonic() > deadline:
                 self.scancel(job_id)
@@ -200,7 +203,7 @@ class SlurmCluster:
             if re.search(pattern, output, re.MULTILINE):
                 return output
             state, _ = self.job_state(job_id)
-            if state not in ("PENDING", "RUNNING", "CONFIGURING"):
+            if state in ENDED:
                 pytest.fail(f"job {job_id} ended ({state}) before {pattern!r}:\n{output}")
             if time.monotonic() > deadline:
                 self.scancel(job_id)
@@ -208,6 +211,23 @@ class SlurmCluster:
                     f"{pattern!r} not in job {job_id}'s output after {timeout} s:\n{output}"
                 )
             time.sleep(0.25)
+
+
+#: The job states `scontrol show job` reports for a job that has ended (slurm's
+#: `job_state_string` of the base states past RUNNING); any other state is on its way.
+ENDED = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
 
 
 def read_output(cwd: Path, job_id: str) -> str:
