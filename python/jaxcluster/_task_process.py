@@ -11,6 +11,8 @@ Example::
 from __future__ import annotations
 
 import argparse
+import atexit
+import faulthandler
 import logging
 import os
 import sys
@@ -18,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, NoReturn, TypedDict
 
 from jaxcluster._auth import AUTH_TOKEN_ENV, auth_token_from_env
 
@@ -32,6 +34,7 @@ __all__ = [
     "add_task_arguments",
     "configure_logging",
     "describe_exit",
+    "end_process",
     "limit_settings",
     "preempted_line",
     "preempted_source",
@@ -373,18 +376,52 @@ def configure_logging(args: argparse.Namespace) -> None:
     """Log lines with timestamps on stderr: the process is an application, so it
     configures ``logging`` (the library only adds a ``NullHandler``). The ``jaxcluster``
     loggers log from ``--log-level`` (else ``$JAXCLUSTER_LOG_LEVEL``, else INFO), everything
-    else from WARNING, so user code's own warnings in closures show too."""
+    else from WARNING, so user code's own warnings in closures show too. A crash in native
+    code (a closure's C extension, XLA, the Rust core) prints every thread's Python stack
+    there too (:mod:`faulthandler`), so its log says where it died."""
     level = args.log_level or os.environ.get(LOG_LEVEL_ENV, "").strip().upper() or "INFO"
     if level not in _LOG_LEVELS:
         raise TaskSetupError(
             f"{LOG_LEVEL_ENV}={os.environ.get(LOG_LEVEL_ENV)!r} is not a log level; expected "
             f"one of {', '.join(_LOG_LEVELS)}"
         )
+    faulthandler.enable(file=sys.stderr, all_threads=True)
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
     logging.getLogger("jaxcluster").setLevel(level)
     from jaxcluster._native import core
 
     core.refresh_log_levels()
+
+
+def end_process(status: int) -> NoReturn:
+    """Ends a task process whose server has stopped and whose last lines are written, with
+    exit status ``status``: runs the ``atexit`` handlers (JAX's among them:
+    ``jax.distributed`` leaves its coordination service cleanly), flushes the log handlers
+    and standard streams, then leaves with ``os._exit`` instead of finalizing the
+    interpreter.
+
+    Finalizing tears down modules and thread states while the process's native threads
+    (the tokio runtime's, XLA's thread pools, daemon threads still inside them) keep
+    running, and they are never joined. A worker that had drained cleanly once died there
+    of SIGSEGV, after its last log line: its launcher saw a crash (Slurm: ``task 2:
+    Segmentation fault``) where it had stopped as asked. Nothing is left to finalize by
+    then: the server drained and stopped, its metrics endpoint is closed.
+
+    Example::
+
+        status = serve(args)     # returns once the server stopped
+        end_process(status)
+    """
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # closed or broken: nothing more can be written
+                pass
+    finally:
+        os._exit(status)
 
 
 def start_metrics(

@@ -23,6 +23,7 @@ from jaxcluster._task_process import (
     TaskSetupError,
     add_task_arguments,
     configure_logging,
+    end_process,
     limit_settings,
     start_metrics,
     task_settings,
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if metrics is not None:
         metrics.close()
     _shutdown(server)
-    return 0
+    end_process(0)  # not by finalizing under the runtime's live threads (end_process)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

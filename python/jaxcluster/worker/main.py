@@ -24,6 +24,7 @@ from jaxcluster._task_process import (
     add_task_arguments,
     configure_logging,
     describe_exit,
+    end_process,
     limit_settings,
     preempted_line,
     start_metrics,
@@ -260,8 +261,9 @@ def _serve(
         # reports this end (PREEMPTED_EXIT).
         print(preempted_line(source), file=sys.stderr, flush=True)
     # Drained for a peer's notice: this host is not preempted, its supervisor starts it
-    # again for the slice to re-form with the peer's replacement.
-    return SLICE_BROKEN_EXIT if peer_notice.is_set() else 0
+    # again for the slice to re-form with the peer's replacement. Ended here, not by
+    # finalizing the interpreter under the runtime's live threads (end_process).
+    end_process(SLICE_BROKEN_EXIT if peer_notice.is_set() else 0)
 
 
 def _dataflow_tls(
