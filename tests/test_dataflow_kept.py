@@ -89,6 +89,36 @@ def test_a_kept_value_reports_its_spec_and_stays_for_a_chain(
     np.testing.assert_array_equal(rv.fetch()[:3], [4, 4, 4])  # pulled on demand
 
 
+def _plus_one(array: Any) -> Any:
+    return array + 1.0
+
+
+def test_consumers_stay_on_their_holder_while_releases_are_pending(
+    coordinator: ClusterCoordinator, cluster: Any, tmp_path: Path
+) -> None:
+    """A kept value made and dropped at once leaves a release queued for its holder when
+    the next consumer is placed: a release is not work to queue behind, so each consumer
+    still runs where its input lies and no byte moves between workers. (It ran elsewhere and
+    pulled its input; on a GPU worker that copied the array off the device.)"""
+    base = coordinator.schedule(_ones, args=(str(tmp_path), "p", MIB), keep_result=True)
+    assert base.nbytes == 4 * MIB
+    holder = base.worker
+    before = _peer(cluster)
+    for step in range(5):
+        dropped = []
+        for _ in range(20):  # each made on the holder: it is free once the last one ended
+            dropped.append(coordinator.schedule(_plus_one, args=(base,), keep_result=True))
+            assert dropped[-1].nbytes == 4 * MIB
+        del dropped
+        gc.collect()  # 20 releases queued for the holder, sent one by one
+        total = coordinator.schedule(_total, args=(base,))
+        assert total.fetch(timeout=60) == float(MIB)
+        assert total.worker == holder, f"step {step} ran on {total.worker}, not the holder"
+    after = _peer(cluster)
+    received = [a["peer_bytes_received"] - b["peer_bytes_received"] for a, b in zip(after, before)]
+    assert received == [0, 0]
+
+
 def test_fetching_a_kept_value_reads_it_from_its_holder_and_counts_its_bytes(
     coordinator: ClusterCoordinator, cluster: Any, tmp_path: Path
 ) -> None:

@@ -85,6 +85,16 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
             .map_or(0, std::collections::VecDeque::len)
     }
 
+    /// Items queued under `tag` right now for which `counts` holds: the dispatcher asks
+    /// whether a worker has work waiting that a closure placed there would queue behind,
+    /// which a pending release (a small RPC) is not.
+    pub fn tagged_count(&self, tag: Tag, counts: impl Fn(&T) -> bool) -> usize {
+        self.lock()
+            .tagged
+            .get(&tag)
+            .map_or(0, |items| items.iter().filter(|item| counts(item)).count())
+    }
+
     /// Untagged closures handed out by `get` and not yet finished, failed or put back.
     pub fn inflight(&self) -> usize {
         self.counters.0.inflight.load(Ordering::SeqCst)

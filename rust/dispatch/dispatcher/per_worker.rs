@@ -166,9 +166,9 @@ impl Dispatcher {
         self.shared.send_releases(value_id, &[worker]);
     }
 
-    /// Whether worker `worker` is up and has nothing outstanding or queued for it alone:
-    /// dataflow runs a consumer on its input's worker only then ("when that worker is
-    /// free"), else anywhere.
+    /// Whether worker `worker` is up and has nothing outstanding or queued for it alone (a
+    /// pending release aside): dataflow runs a consumer on its input's worker only then
+    /// ("when that worker is free"), else anywhere.
     pub fn worker_free(&self, worker: usize) -> bool {
         let Some(link) = self.shared.link(worker) else {
             return false;
@@ -177,11 +177,14 @@ impl Dispatcher {
             && !link.is_retiring()
             && link.snapshot().preemption.is_none()
             && link.counters.outstanding.load(Ordering::Relaxed) == 0
-            && self
-                .shared
-                .queue
-                .tagged_len(Tag::try_from(worker).unwrap_or(Tag::MAX))
-                == 0
+            && self.shared.queue.tagged_count(
+                Tag::try_from(worker).unwrap_or(Tag::MAX),
+                // A pending release is a small RPC, not work to queue behind: the holder
+                // of a kept value is still free while the collected ones before it are
+                // released (a chain dropping each step's value left every next step
+                // looking busy, and it ran elsewhere and pulled its input).
+                |work| !matches!(work, Work::ReleaseResource { .. }),
+            ) == 0
     }
 
     /// Wakes `watch` (its waiter returns with nothing settled) each time a worker's
