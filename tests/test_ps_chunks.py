@@ -86,3 +86,35 @@ def test_a_variable_above_the_default_limit_is_created_updated_and_read() -> Non
         assert server.status()["variable_bytes"] == elements * 4
     finally:
         server.shutdown()
+
+
+def test_apply_update_in_chunks_borrowed_or_copied_gives_the_same_update() -> None:
+    """A gradient above the limit goes through CallChunked with its chunks framed from the
+    array's own memory (chunks of 512 KiB: above the size sent by reference); borrowed (no
+    copy) or copied, every element lands, in order."""
+    import jax.numpy as jnp
+
+    from jaxcluster.strategy import optimizers as opt
+
+    server = core.PsServer("127.0.0.1:0", auth_token=TOKEN, max_message_bytes=1 << 20)
+    try:
+        client = client_of(server, 1 << 20)
+        sgd = opt.SGD(0.5, name="chunked")
+        elements = 2 * (1 << 20) + 3  # 8 MiB and a bit: 17 chunks, the last one short
+        gradient = np.arange(elements, dtype=np.float32) / elements
+        start = np.ones(elements, np.float32)
+        expected = start - 0.5 * gradient
+        sent = {
+            "copied": (gradient, False),
+            "borrowed": (gradient, True),
+            "jax": (np.asarray(jnp.asarray(gradient)), True),
+        }
+        for name, (grad, borrow) in sent.items():
+            client.create_variable(name, start)
+            before = client.get_status()["bytes_written"]
+            client.apply_update(name, sgd._name, sgd._spec, grad, borrow=borrow)
+            assert client.get_status()["bytes_written"] - before == gradient.nbytes
+            np.testing.assert_array_equal(client.read(name), expected, err_msg=name)
+        np.testing.assert_array_equal(gradient, np.arange(elements, dtype=np.float32) / elements)
+    finally:
+        server.shutdown()

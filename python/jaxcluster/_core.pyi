@@ -1940,11 +1940,15 @@ class PsClient:
         gradient_scale: float = 0.0,
         read_value: bool = False,
         timeout: float | None = None,
+        borrow: bool = False,
     ) -> int | np.ndarray:
         """One optimizer step on ``name`` from ``gradient`` (its shape; its dtype, bfloat16,
         or int8 with ``gradient_scale``: the gradient is ``int8 * gradient_scale``), applied
         atomically on the ps with the slots ``name/slot_prefix/<slot>`` and the step count
-        ``name/slot_prefix/iterations`` (created on first use). Returns as :meth:`assign`."""
+        ``name/slot_prefix/iterations`` (created on first use). Returns as :meth:`assign`.
+        ``borrow``: send the gradient's own memory instead of a copy; only for an array
+        nothing can change until this returns (a ``jax.Array``'s host view, an array made
+        for this call)."""
 
     def list_variables(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
         """``[{"name", "dtype", "shape", "version"}]`` sorted by name."""

@@ -14,7 +14,8 @@ use tonic::transport::Channel;
 
 use super::dtype::Op;
 use crate::rpc::client::channel::{self, Callee, Peer};
-use crate::rpc::client::chunked::{ChunkStream, ChunkedAnswer};
+use crate::rpc::client::chunked::ChunkStream;
+use crate::rpc::client::framed;
 use crate::rpc::client::ClientConfig;
 use crate::rpc::security::auth::CallHeaders;
 use crate::rpc::{pb, RpcError};
@@ -26,6 +27,10 @@ type Inner =
 #[derive(Clone)]
 pub struct PsClient {
     inner: Inner,
+    /// The same connection without the generated client, for `CallChunked`, whose chunks
+    /// `frames.rs` frames (`rpc::client::framed`): a large gradient's chunks are written
+    /// from its own memory.
+    raw: framed::Raw,
     callee: Callee,
 }
 
@@ -44,6 +49,7 @@ impl PsClient {
     pub fn connect_lazy(config: &ClientConfig) -> Result<Self, RpcError> {
         let lazy = channel::connect_lazy(config, &PS)?;
         let limit = lazy.max_message_bytes;
+        let raw = InterceptedService::new(lazy.channel.clone(), lazy.auth.clone());
         let inner = pb::parameter_server_client::ParameterServerClient::with_interceptor(
             lazy.channel,
             lazy.auth,
@@ -52,8 +58,24 @@ impl PsClient {
         .max_encoding_message_size(limit);
         Ok(Self {
             inner,
+            raw,
             callee: Callee::new(&PS, config.address.clone(), limit),
         })
+    }
+
+    /// Starts `CallChunked` for [`Callee::call_sized`], framed ([`framed::call_chunked`]).
+    fn chunked(
+        &self,
+    ) -> impl FnOnce(Inner, tonic::Request<ChunkStream>) -> framed::Pending + use<> {
+        let (raw, limit) = (self.raw.clone(), self.callee.max_message_bytes());
+        move |_, request| {
+            Box::pin(framed::call_chunked(
+                raw,
+                crate::rpc::PS_CALL_CHUNKED_PATH,
+                limit,
+                request,
+            ))
+        }
     }
 
     /// The address this client was made for, as given.
@@ -89,7 +111,7 @@ impl PsClient {
                 timeout,
                 request,
                 |mut c, r| async move { c.create_variable(r).await },
-                open_chunked,
+                self.chunked(),
             )
             .await?;
         Ok(response.replaced)
@@ -114,7 +136,7 @@ impl PsClient {
             // nothing, so asking twice is safe).
             Err(RpcError::ResourceExhausted(_)) => {
                 self.callee
-                    .call_chunked(&self.inner, "Read", timeout, &request, open_chunked)
+                    .call_chunked(&self.inner, "Read", timeout, &request, self.chunked())
                     .await
             }
             other => other,
@@ -137,7 +159,7 @@ impl PsClient {
         if request.read_value && request.encoded_len() * 2 > self.callee.max_message_bytes() {
             return self
                 .callee
-                .call_chunked(&self.inner, method, timeout, &request, open_chunked)
+                .call_chunked(&self.inner, method, timeout, &request, self.chunked())
                 .await;
         }
         let (inner, callee) = (&self.inner, &self.callee);
@@ -145,19 +167,19 @@ impl PsClient {
             Op::Assign => {
                 let unary = |mut c: Inner, r| async move { c.assign(r).await };
                 callee
-                    .call_sized(inner, method, timeout, request, unary, open_chunked)
+                    .call_sized(inner, method, timeout, request, unary, self.chunked())
                     .await
             }
             Op::Add => {
                 let unary = |mut c: Inner, r| async move { c.assign_add(r).await };
                 callee
-                    .call_sized(inner, method, timeout, request, unary, open_chunked)
+                    .call_sized(inner, method, timeout, request, unary, self.chunked())
                     .await
             }
             Op::Sub => {
                 let unary = |mut c: Inner, r| async move { c.assign_sub(r).await };
                 callee
-                    .call_sized(inner, method, timeout, request, unary, open_chunked)
+                    .call_sized(inner, method, timeout, request, unary, self.chunked())
                     .await
             }
         }
@@ -176,7 +198,7 @@ impl PsClient {
                 timeout,
                 request,
                 |mut c, r| async move { c.scatter_add(r).await },
-                open_chunked,
+                self.chunked(),
             )
             .await
     }
@@ -194,7 +216,7 @@ impl PsClient {
                 timeout,
                 request,
                 |mut c, r| async move { c.apply_update(r).await },
-                open_chunked,
+                self.chunked(),
             )
             .await
     }
@@ -233,7 +255,7 @@ impl PsClient {
             // Values above the message limit: read again in chunks (reads change nothing).
             Err(RpcError::ResourceExhausted(_)) => {
                 self.callee
-                    .call_chunked(&self.inner, "ReadMany", timeout, &request, open_chunked)
+                    .call_chunked(&self.inner, "ReadMany", timeout, &request, self.chunked())
                     .await?
             }
             other => other?,
@@ -255,7 +277,7 @@ impl PsClient {
                 timeout,
                 request,
                 |mut c, r| async move { c.assign_many(r).await },
-                open_chunked,
+                self.chunked(),
             )
             .await?;
         Ok((response.assigned, response.created))
@@ -312,10 +334,6 @@ impl PsClient {
     }
 }
 
-/// Starts a `CallChunked` call on `client`, for [`Callee::call_sized`].
-async fn open_chunked(mut client: Inner, request: tonic::Request<ChunkStream>) -> ChunkedAnswer {
-    client.call_chunked(request).await
-}
 
 /// The error for a failed call. A call whose connection broke before the ps answered
 /// (a `tonic::transport::Error` in the status's source chain: the connection was reset or

@@ -81,6 +81,30 @@ fn memory_of(obj: &Bound<'_, PyAny>) -> PyResult<(*const u8, usize)> {
     }
 }
 
+/// `obj`'s memory as `Bytes`, without copying: the caller vouches that it never changes
+/// while it is referenced (a `jax.Array`'s host view, `bytes`, an array made for this call
+/// alone). The `Bytes` keep a `memoryview` of `obj`, which holds an export until released
+/// and so pins the memory (a bytearray cannot be resized under it).
+pub(crate) fn borrowed(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
+    let py = obj.py();
+    if let Ok(buffer) = obj.cast::<PyBuffer>() {
+        return Ok(buffer.get().bytes.clone());
+    }
+    let view = py
+        .import(pyo3::intern!(py, "builtins"))?
+        .getattr(pyo3::intern!(py, "memoryview"))?
+        .call1((obj,))?;
+    let (ptr, len) = memory_of(&view)?;
+    if len == 0 {
+        return Ok(Bytes::new());
+    }
+    Ok(Bytes::from_owner(Borrowed {
+        _owner: view.unbind(),
+        ptr,
+        len,
+    }))
+}
+
 /// A copy of `obj`'s bytes (any C-contiguous buffer exporter).
 fn copy_of(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
     let mut view = std::mem::MaybeUninit::<ffi::Py_buffer>::uninit();
@@ -129,25 +153,7 @@ impl PyBuffer {
     /// that memory.
     #[staticmethod]
     fn borrow(obj: &Bound<'_, PyAny>) -> PyResult<Self> {
-        let py = obj.py();
-        if let Ok(buffer) = obj.cast::<PyBuffer>() {
-            return Ok(Self::new(buffer.get().bytes.clone()));
-        }
-        // A memoryview holds an export of `obj` until it is released, which pins the
-        // memory (e.g. a bytearray cannot be resized under it).
-        let view = py
-            .import(pyo3::intern!(py, "builtins"))?
-            .getattr(pyo3::intern!(py, "memoryview"))?
-            .call1((obj,))?;
-        let (ptr, len) = memory_of(&view)?;
-        if len == 0 {
-            return Ok(Self::new(Bytes::new()));
-        }
-        Ok(Self::new(Bytes::from_owner(Borrowed {
-            _owner: view.unbind(),
-            ptr,
-            len,
-        })))
+        borrowed(obj).map(Self::new)
     }
 
     /// The part of this buffer that `view` (a buffer exporter over this buffer's memory,

@@ -25,7 +25,7 @@ use crate::rpc::server::connections::{
 };
 use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::wire::session::SessionId;
-use arrays::{check_name, missing, to_array, to_indices, to_tensor};
+use arrays::{check_name, missing, to_array, to_indices, to_tensor, to_tensor_borrowing};
 
 fn ps_error(error: PsError) -> PyErr {
     match error {
@@ -325,7 +325,8 @@ impl PyPsClient {
     }
 
     #[pyo3(signature = (
-        name, slot_prefix, spec, gradient, *, gradient_scale=0.0, read_value=false, timeout=None
+        name, slot_prefix, spec, gradient, *, gradient_scale=0.0, read_value=false,
+        timeout=None, borrow=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn apply_update<'py>(
@@ -338,11 +339,12 @@ impl PyPsClient {
         gradient_scale: f64,
         read_value: bool,
         timeout: Option<f64>,
+        borrow: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
         check_name(&name)?;
         let what = format!("the gradient for apply_update to {name:?}");
         let request = pb::ApplyUpdateRequest {
-            gradient: Some(to_tensor(gradient, &what)?),
+            gradient: Some(to_tensor_borrowing(gradient, &what, borrow)?),
             optimizer: Some(spec.spec.clone()),
             name,
             slot_prefix,

@@ -50,6 +50,12 @@ pub const REVISION_HEADER: &str = "jaxcluster-protocol-revision";
 /// tonic's codec (the generated service keeps the method, for any other gRPC client).
 pub const RUN_CLOSURES_PATH: &str = "/jaxcluster.v1.Worker/RunClosures";
 
+/// The HTTP/2 paths of the two services' `CallChunked`, which clients send framed by
+/// `frames.rs` (`rpc::client::framed`), so a chunk of an array is written from its memory.
+pub const WORKER_CALL_CHUNKED_PATH: &str = "/jaxcluster.v1.Worker/CallChunked";
+/// See [`WORKER_CALL_CHUNKED_PATH`].
+pub const PS_CALL_CHUNKED_PATH: &str = "/jaxcluster.v1.ParameterServer/CallChunked";
+
 /// A random number, never 0, drawn once per server (worker or ps) so that clients can
 /// tell a restarted process from the one before: its `pid` cannot, since in a container
 /// every task's main process is pid 1. `RandomState` is seeded from the operating

@@ -10,9 +10,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tonic::codec::Streaming;
-
 use super::channel::Callee;
+use super::framed::Replies;
 use crate::rpc::wire::chunks;
 use crate::rpc::{pb, RpcError};
 
@@ -20,7 +19,7 @@ use crate::rpc::{pb, RpcError};
 pub type ChunkStream = tokio_stream::Iter<std::vec::IntoIter<pb::Chunk>>;
 
 /// What starting a `CallChunked` call resolves to: the answer's chunks, or a status.
-pub type ChunkedAnswer = Result<tonic::Response<Streaming<pb::Chunk>>, tonic::Status>;
+pub type ChunkedAnswer = Result<tonic::Response<Replies<pb::Chunk>>, tonic::Status>;
 
 impl Callee {
     /// Runs unary `method` with `request`: whole through `unary` when it fits one message

@@ -9,15 +9,14 @@
 use std::time::Duration;
 
 use tonic::body::Body;
-use tonic::codegen::http::header::{CONTENT_TYPE, TE};
-use tonic::codegen::http::{Method, Request, Response, Version};
+use tonic::codegen::http::Response;
 use tonic::service::interceptor::{InterceptedService, ResponseBody};
 use tonic::transport::Channel;
-use tonic::{Code, Status};
-use tower::{Service, ServiceExt};
+use tonic::Status;
 
 use super::channel::{self, Callee, Peer};
-use super::chunked::{ChunkStream, ChunkedAnswer};
+use super::chunked::ChunkStream;
+use super::framed;
 use crate::rpc::pb;
 use crate::rpc::security::auth::CallHeaders;
 use crate::rpc::wire::chunks;
@@ -70,9 +69,9 @@ pub static WORKER: Peer = Peer {
 #[derive(Clone)]
 pub struct WorkerClient {
     inner: Inner,
-    /// The same connection without the generated client, for the `RunClosures` stream,
-    /// whose messages `frames.rs` frames (see [`Self::open_run_closures`]).
-    raw: InterceptedService<Channel, CallHeaders>,
+    /// The same connection without the generated client, for the calls whose messages
+    /// `frames.rs` frames: `RunClosures` and `CallChunked` (see [`framed`]).
+    raw: framed::Raw,
     callee: Callee,
 }
 
@@ -105,10 +104,7 @@ impl WorkerClient {
 
     /// Opens `RunClosures` with `body` as its request stream: the gRPC call tonic's generated
     /// client makes, with the messages framed by `frames.rs` so that arrays are neither
-    /// copied into an encoder nor out of a decoder. Resolves once the response's headers are
-    /// in; a call the worker refused at once (a trailers-only response, e.g.
-    /// `UNAUTHENTICATED`, or `UNIMPLEMENTED` from a worker that predates the stream) is that
-    /// status, and a response that is not gRPC's `200` is mapped as gRPC clients map it.
+    /// copied into an encoder nor out of a decoder (see [`framed::open`]).
     pub(super) async fn open_run_closures<B>(
         &self,
         body: B,
@@ -116,40 +112,28 @@ impl WorkerClient {
     where
         B: http_body::Body<Data = bytes::Bytes, Error = Status> + Send + 'static,
     {
-        let request = Request::builder()
-            .method(Method::POST)
-            .uri(crate::rpc::RUN_CLOSURES_PATH)
-            .version(Version::HTTP_2)
-            .header(TE, "trailers")
-            .header(CONTENT_TYPE, "application/grpc")
-            .body(Body::new(body))
-            .map_err(|e| Status::internal(format!("could not build the RunClosures call: {e}")))?;
-        let mut service = self.raw.clone();
-        let response = service
-            .ready()
-            .await
-            .map_err(|e| Status::from_error(Box::new(e)))?
-            .call(request)
-            .await
-            .map_err(|e| Status::from_error(Box::new(e)))?;
-        if let Some(status) = Status::from_header_map(response.headers()) {
-            if status.code() != Code::Ok {
-                return Err(status);
-            }
-        }
-        match response.status().as_u16() {
-            200 => Ok(response),
-            http => Err(Status::new(
-                match http {
-                    400 => Code::Internal,
-                    401 => Code::Unauthenticated,
-                    403 => Code::PermissionDenied,
-                    404 => Code::Unimplemented,
-                    429 | 502 | 503 | 504 => Code::Unavailable,
-                    _ => Code::Unknown,
-                },
-                format!("the worker answered RunClosures with HTTP status {http}, not gRPC's 200"),
-            )),
+        framed::open(
+            &self.raw,
+            crate::rpc::RUN_CLOSURES_PATH,
+            tonic::codegen::http::HeaderMap::new(),
+            body,
+            "RunClosures",
+        )
+        .await
+    }
+
+    /// Starts `CallChunked` for [`Callee::call_sized`], framed ([`framed::call_chunked`]).
+    fn chunked(
+        &self,
+    ) -> impl FnOnce(Inner, tonic::Request<ChunkStream>) -> framed::Pending + use<> {
+        let (raw, limit) = (self.raw.clone(), self.max_message_bytes());
+        move |_, request| {
+            Box::pin(framed::call_chunked(
+                raw,
+                crate::rpc::WORKER_CALL_CHUNKED_PATH,
+                limit,
+                request,
+            ))
         }
     }
 
@@ -200,7 +184,7 @@ impl WorkerClient {
                 timeout,
                 request,
                 |mut c, r| async move { c.register_function(r).await },
-                open_chunked,
+                self.chunked(),
             )
             .await
     }
@@ -216,7 +200,7 @@ impl WorkerClient {
         if request.preemption_save {
             return self
                 .callee
-                .call_chunked(&self.inner, "RunClosure", timeout, &request, open_chunked)
+                .call_chunked(&self.inner, "RunClosure", timeout, &request, self.chunked())
                 .await;
         }
         self.callee
@@ -226,7 +210,7 @@ impl WorkerClient {
                 timeout,
                 request,
                 |mut c, r| async move { c.run_closure(r).await },
-                open_chunked,
+                self.chunked(),
             )
             .await
     }
@@ -244,7 +228,7 @@ impl WorkerClient {
                 timeout,
                 request,
                 |mut c, r| async move { c.create_resource(r).await },
-                open_chunked,
+                self.chunked(),
             )
             .await
     }
@@ -304,9 +288,4 @@ impl WorkerClient {
             )
             .await
     }
-}
-
-/// Starts a `CallChunked` call on `client`, for [`Callee::call_sized`].
-async fn open_chunked(mut client: Inner, request: tonic::Request<ChunkStream>) -> ChunkedAnswer {
-    client.call_chunked(request).await
 }
