@@ -15,7 +15,9 @@ and checked against the number of updates, so neither side may drop one.
 float32 variable with ``Adam`` and ``SGD`` through a ``ParameterServerStrategy``, back to
 back, interleaved round by round with a TCP exchange of the same gradient bytes over the
 same loopback (``tcp_echo.py`` in ``ack`` mode: bytes in, 8 bytes back, the shape of an
-update). Reported per configuration: updates/s and gradient MB/s as a min-max range over
+update). Adam runs twice: from a numpy gradient (copied once on the way out, since another
+thread could write it) and from a ``jax.Array`` (``Adam jax``: sent from its own memory).
+Reported per configuration: updates/s and gradient MB/s as a min-max range over
 the rounds, the ratio to the echo's bandwidth measured in the same round (Adam also with
 ``compression="bf16"`` and ``"int8"``, its MB/s counted in fp32 gradient bytes), and the
 bytes the ps received per update (its ``bytes_written`` counter) with each compression.
@@ -161,6 +163,13 @@ def _ps_bytes_written(address: str) -> int:
     return int(core.PsClient(address, auth_token=TOKEN).get_status()["bytes_written"])
 
 
+def _as_jax(array: np.ndarray) -> Any:
+    """``array`` as a ``jax.Array`` on this process's (CPU) backend, as ``jax.grad`` gives."""
+    import jax
+
+    return jax.device_put(array, jax.devices("cpu")[0])
+
+
 def run_apply(seconds: float, rounds: int) -> None:
     """``apply_gradients`` against the ``ack`` echo of the same bytes, interleaved."""
     from jaxcluster.cluster_resolver import SimpleClusterResolver
@@ -187,20 +196,24 @@ def run_apply(seconds: float, rounds: int) -> None:
                 mb = grad.nbytes / 1e6
                 with strategy.scope():
                     w = strategy.Variable(np.zeros(elements, np.float32), name=f"w_{size}")
-                # label -> (optimizer, compression); the ratio is to the fp32 bytes' echo.
+                # label -> (optimizer, compression, gradient); the ratio is to the fp32
+                # bytes' echo. A numpy gradient is copied once on the way out (another
+                # thread could write it); a jax.Array's, as jax.grad returns, is not.
+                jax_grad = _as_jax(grad)
                 optimizers = {
-                    "Adam": (opt.Adam(1e-3), None),
-                    "SGD": (opt.SGD(1e-3), None),
-                    "Adam bf16": (opt.Adam(1e-3, name="Adam_b"), "bf16"),
-                    "Adam int8": (opt.Adam(1e-3, name="Adam_i"), "int8"),
+                    "Adam": (opt.Adam(1e-3), None, grad),
+                    "Adam jax": (opt.Adam(1e-3, name="Adam_j"), None, jax_grad),
+                    "SGD": (opt.SGD(1e-3), None, grad),
+                    "Adam bf16": (opt.Adam(1e-3, name="Adam_b"), "bf16", grad),
+                    "Adam int8": (opt.Adam(1e-3, name="Adam_i"), "int8", grad),
                 }
                 rates: dict[str, list[float]] = {"echo": [], **{k: [] for k in optimizers}}
                 ratios: dict[str, list[float]] = {k: [] for k in optimizers}
                 for _ in range(rounds):
                     rates["echo"].append(_timed(lambda g=grad: echo.round_trip(g), seconds))
-                    for label, (optimizer, compression) in optimizers.items():
+                    for label, (optimizer, compression, gradient) in optimizers.items():
                         rate = _timed(
-                            lambda o=optimizer, g=grad, v=w, c=compression: o.apply_gradients(
+                            lambda o=optimizer, g=gradient, v=w, c=compression: o.apply_gradients(
                                 [(g, v)], compression=c
                             ),
                             seconds,

@@ -115,7 +115,10 @@ def test_consumers_stay_on_their_holder_while_releases_are_pending(
         assert total.fetch(timeout=60) == float(MIB)
         assert total.worker == holder, f"step {step} ran on {total.worker}, not the holder"
     after = _peer(cluster)
-    received = [a["peer_bytes_received"] - b["peer_bytes_received"] for a, b in zip(after, before)]
+    received = [
+        a["peer_bytes_received"] - b["peer_bytes_received"]
+        for a, b in zip(after, before, strict=True)
+    ]
     assert received == [0, 0]
 
 
@@ -155,6 +158,51 @@ def test_fan_in_runs_on_the_bigger_holder_and_pulls_the_rest_peer_to_peer(
     moved_out = after[small.worker]["peer_bytes_sent"] - before[small.worker]["peer_bytes_sent"]
     assert 4 * MIB <= moved_in < 4 * MIB + 64 * 1024  # the small value, worker to worker
     assert moved_out == moved_in
+
+
+def _jax_ones_at_barrier(directory: str, n: int) -> Any:
+    """Runs on a worker: as ``_ones_at_barrier``, a ``jax.Array``."""
+    import jax.numpy as jnp
+
+    barrier(directory, 2)
+    return {"jax": jnp.ones(n, jnp.float32), "numpy": np.ones(2, np.float32)}
+
+
+def _kinds(big: Any, small: Any) -> tuple[str, str, str, float]:
+    """Runs on a worker: what kind of value each input arrived as, and their sum."""
+    import jax
+
+    def kind(x: Any) -> str:
+        return "jax" if isinstance(x, jax.Array) else type(x).__name__
+
+    total = float(big["jax"].sum() + small["jax"].sum() + small["numpy"].sum())
+    return kind(big["jax"]), kind(small["jax"]), kind(small["numpy"]), total
+
+
+def test_a_pulled_value_arrives_as_it_was_kept(
+    coordinator: ClusterCoordinator, cluster: Any, tmp_path: Path
+) -> None:
+    """A jax.Array kept on one worker and pulled by another arrives as a jax.Array (on the
+    puller's default device), as it does on its holder, and a numpy leaf as numpy; the
+    coordinator's fetch() still returns numpy."""
+    small = coordinator.schedule(_jax_ones_at_barrier, args=(str(tmp_path), MIB), keep_result=True)
+    big = coordinator.schedule(
+        _jax_ones_at_barrier, args=(str(tmp_path), 4 * MIB), keep_result=True
+    )
+    assert small.nbytes < big.nbytes
+    assert {small.worker, big.worker} == {0, 1}
+    before = _peer(cluster)
+    kinds = coordinator.schedule(_kinds, args=(big, small))
+    assert kinds.fetch(timeout=60) == ("jax", "jax", "ndarray", 5.0 * MIB + 2)
+    assert kinds.worker == big.worker  # the small value was pulled
+    after = _peer(cluster)
+    assert (
+        after[big.worker]["peer_bytes_received"] - before[big.worker]["peer_bytes_received"]
+        >= 4 * MIB
+    )
+    fetched = small.fetch(timeout=60)
+    assert type(fetched["jax"]) is np.ndarray and type(fetched["numpy"]) is np.ndarray
+    np.testing.assert_array_equal(fetched["jax"], np.ones(MIB, np.float32))
 
 
 def test_a_collected_kept_value_is_released_on_its_worker(

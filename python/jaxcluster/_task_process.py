@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import faulthandler
 import logging
 import os
@@ -416,10 +417,9 @@ def end_process(status: int) -> NoReturn:
         atexit._run_exitfuncs()
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
-            try:
+            # Closed or broken: nothing more can be written.
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):  # closed or broken: nothing more can be written
-                pass
     finally:
         os._exit(status)
 

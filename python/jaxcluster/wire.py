@@ -47,7 +47,8 @@ import io
 import pickle
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
@@ -68,9 +69,11 @@ __all__ = [
     "ResourceRef",
     "content_hash",
     "decode",
+    "device_arrays",
     "encode",
     "fast_encode",
     "rebuild_array",
+    "rebuild_device_array",
 ]
 
 PICKLE_PROTOCOL = 5
@@ -180,34 +183,40 @@ def _persistent_id(obj: Any) -> Any:
     return None
 
 
-def _jax_to_numpy(obj: Any, jax_array: type | None) -> Any:
+def _jax_to_numpy(obj: Any, jax_array: type | None, marked: bool) -> Any:
     if jax_array is not None and isinstance(obj, jax_array):
-        return _reduce_jax_array(obj)
+        return _reduce_jax_array(obj, marked)
     return NotImplemented
 
 
 class _Pickler(pickle.Pickler):
-    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]) -> None:
+    def __init__(
+        self, file: io.BytesIO, buffers: list[pickle.PickleBuffer], marked: bool = False
+    ) -> None:
         super().__init__(file, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
         self._jax_array = _jax_array_type()
+        self._marked = marked
 
     def persistent_id(self, obj: Any) -> Any:
         return _persistent_id(obj)
 
     def reducer_override(self, obj: Any) -> Any:
-        return _jax_to_numpy(obj, self._jax_array)
+        return _jax_to_numpy(obj, self._jax_array, self._marked)
 
 
 class _CloudPickler(SourcePickler):
-    def __init__(self, file: io.BytesIO, buffers: list[pickle.PickleBuffer]) -> None:
+    def __init__(
+        self, file: io.BytesIO, buffers: list[pickle.PickleBuffer], marked: bool = False
+    ) -> None:
         super().__init__(file, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
         self._jax_array = _jax_array_type()
+        self._marked = marked
 
     def persistent_id(self, obj: Any) -> Any:
         return _persistent_id(obj)
 
     def reducer_override(self, obj: Any) -> Any:
-        converted = _jax_to_numpy(obj, self._jax_array)
+        converted = _jax_to_numpy(obj, self._jax_array, self._marked)
         if converted is NotImplemented:
             return super().reducer_override(obj)
         return converted
@@ -220,6 +229,48 @@ def rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
     return np.frombuffer(buffer, dtype=dtype).reshape(shape)
 
 
+class _Decoding(threading.local):
+    """Whether this thread decodes inside :func:`device_arrays`."""
+
+    device = False
+
+
+_decoding = _Decoding()
+
+
+@contextmanager
+def device_arrays() -> Iterator[None]:
+    """Inside it, this thread's :func:`decode` makes each array that was a ``jax.Array``
+    where it was encoded with ``mark_device_arrays=True`` a ``jax.Array`` again, on this
+    process's default device; elsewhere such arrays decode as numpy, as every array does.
+    A worker pulling a kept value from its holder decodes this way, so a closure gets the
+    same kind of value whichever worker it runs on.
+
+    Example::
+
+        with wire.device_arrays():
+            value = wire.decode(encoded.pickle, encoded.buffers)
+    """
+    before = _decoding.device
+    _decoding.device = True
+    try:
+        yield
+    finally:
+        _decoding.device = before
+
+
+def rebuild_device_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
+    """Unpickling an array that was a ``jax.Array`` where it was encoded (see
+    :func:`device_arrays`): a ``jax.Array`` on the default device inside
+    :func:`device_arrays`, else the numpy array over ``buffer``."""
+    array = rebuild_array(buffer, dtype, shape)
+    if not _decoding.device:
+        return array
+    import jax
+
+    return jax.device_put(array)
+
+
 def _reduce_ndarray(array: Any) -> Any:
     dtype = array.dtype
     if dtype.kind in "biufc" and dtype.fields is None and array.flags.c_contiguous:
@@ -227,10 +278,12 @@ def _reduce_ndarray(array: Any) -> Any:
     return array.__reduce_ex__(PICKLE_PROTOCOL)
 
 
-def _reduce_jax_array(array: Any) -> Any:
+def _reduce_jax_array(array: Any, marked: bool = False) -> Any:
     """A ``jax.Array`` as its host memory: ``numpy.asarray`` is a view of a CPU array (one
     device-to-host copy for an accelerator's), and as a ``jax.Array`` never changes, that
-    memory is borrowed, not copied, when the value is sent."""
+    memory is borrowed, not copied, when the value is sent. ``marked``: rebuilt by
+    :func:`rebuild_device_array`, so a decoder inside :func:`device_arrays` makes it a
+    ``jax.Array`` again."""
     import numpy as np
 
     host = np.asarray(array)
@@ -241,7 +294,8 @@ def _reduce_jax_array(array: Any) -> Any:
         # A Buffer exports the buffer protocol (PyO3's slot); typeshed's Buffer protocol
         # wants the `__buffer__` method Python 3.12 adds for such types, so mypy is told.
         borrowed = pickle.PickleBuffer(cast("BufferProtocol", core.Buffer.borrow(host)))
-        return rebuild_array, (borrowed, dtype.str, host.shape)
+        rebuild = rebuild_device_array if marked else rebuild_array
+        return rebuild, (borrowed, dtype.str, host.shape)
     return _reduce_ndarray(host)
 
 
@@ -283,15 +337,20 @@ def _refuse(obj: Any) -> Any:
     raise _NeedsFullPickler(type(obj).__qualname__)
 
 
-_tables: dict[tuple[bool, bool], dict[Any, Any]] = {}
+_tables: dict[tuple[bool, bool, bool], dict[Any, Any]] = {}
 
 
-def _dispatch_table() -> dict[Any, Any]:
-    """``copyreg``'s table plus numpy's and JAX's array types; rebuilt once numpy or JAX
-    has been imported (never imports either)."""
+def _reduce_jax_array_marked(array: Any) -> Any:
+    return _reduce_jax_array(array, marked=True)
+
+
+def _dispatch_table(marked: bool = False) -> dict[Any, Any]:
+    """``copyreg``'s table plus numpy's and JAX's array types (``marked``: see
+    :func:`_reduce_jax_array`); rebuilt once numpy or JAX has been imported (never imports
+    either)."""
     numpy = sys.modules.get("numpy")
     jax = sys.modules.get("jax")
-    key = (numpy is not None, jax is not None)
+    key = (numpy is not None, jax is not None, marked)
     table = _tables.get(key)
     if table is None:
         table = dict(copyreg.dispatch_table)
@@ -303,7 +362,7 @@ def _dispatch_table() -> dict[Any, Any]:
             pending = list(jax.Array.__subclasses__())
             while pending:  # concrete array types are subclasses of subclasses too
                 array_type = pending.pop()
-                table[array_type] = _reduce_jax_array
+                table[array_type] = _reduce_jax_array_marked if marked else _reduce_jax_array
                 pending.extend(array_type.__subclasses__())
         _tables[key] = table
     return table
@@ -326,20 +385,22 @@ class _Reusable(threading.local):
 _reusable = _Reusable()
 
 
-def fast_encode(value: Any, *, zero_copy: bool = False) -> EncodedValue:
+def fast_encode(
+    value: Any, *, zero_copy: bool = False, mark_device_arrays: bool = False
+) -> EncodedValue:
     """Pickles ``value`` with the C pickler and no per-object Python hook. Raises for
     anything it does not handle the way :func:`encode` does (callers fall back to
     :func:`encode`): unpicklable objects, :class:`ResourceRef` and :class:`KeptRef`.
-    ``zero_copy`` as for :func:`encode`."""
+    ``zero_copy`` and ``mark_device_arrays`` as for :func:`encode`."""
     state = _reusable
     if state.busy:  # re-entered from some object's __reduce__: use a pickler of its own
         stream = io.BytesIO()
         buffers: list[pickle.PickleBuffer] = []
         pickler = pickle.Pickler(stream, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
-        pickler.dispatch_table = _dispatch_table()
+        pickler.dispatch_table = _dispatch_table(mark_device_arrays)
         pickler.dump(value)
         return EncodedValue(stream.getvalue(), _out_of_band(buffers, zero_copy))
-    table = _dispatch_table()
+    table = _dispatch_table(mark_device_arrays)
     if state.table is not table:
         state.pickler.dispatch_table = state.table = table
     state.busy = True
@@ -354,14 +415,16 @@ def fast_encode(value: Any, *, zero_copy: bool = False) -> EncodedValue:
         state.busy = False
 
 
-def _dump(pickler_type: type, value: Any, zero_copy: bool) -> EncodedValue:
+def _dump(pickler_type: type, value: Any, zero_copy: bool, marked: bool) -> EncodedValue:
     stream = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
-    pickler_type(stream, buffers).dump(value)
+    pickler_type(stream, buffers, marked).dump(value)
     return EncodedValue(stream.getvalue(), _out_of_band(buffers, zero_copy))
 
 
-def encode(value: Any, *, zero_copy: bool = False) -> EncodedValue:
+def encode(
+    value: Any, *, zero_copy: bool = False, mark_device_arrays: bool = False
+) -> EncodedValue:
     """Pickles ``value`` with out-of-band buffers; falls back to cloudpickle when needed.
 
     The buffers are ``bytes``. With ``zero_copy=True`` they are what the Rust core sends
@@ -369,18 +432,23 @@ def encode(value: Any, *, zero_copy: bool = False) -> EncodedValue:
     ``PickleBuffer`` objects, for ``Dispatcher.schedule`` and ``WorkerJob.reply_ok``, not
     for other protobuf stacks.
 
+    ``mark_device_arrays``: each ``jax.Array`` is still sent as its host memory, and a
+    decoder inside :func:`device_arrays` makes it a ``jax.Array`` again (a kept value read
+    by another worker); any other decoder gets numpy, as from an unmarked encoding.
+
     Raises ``pickle.PicklingError`` naming the value's type when neither can pickle it.
     """
+    marked = mark_device_arrays
     try:
-        return fast_encode(value, zero_copy=zero_copy)
+        return fast_encode(value, zero_copy=zero_copy, mark_device_arrays=marked)
     except Exception:  # whatever it was, the full picklers below decide
         pass
     try:
-        return _dump(_Pickler, value, zero_copy)
+        return _dump(_Pickler, value, zero_copy, marked)
     except (pickle.PicklingError, AttributeError, TypeError):
         pass
     try:
-        return _dump(_CloudPickler, value, zero_copy)
+        return _dump(_CloudPickler, value, zero_copy, marked)
     except Exception as exc:
         raise pickle.PicklingError(
             f"cannot send a value of type {type(value).__qualname__} to or from a worker: "

@@ -334,7 +334,6 @@ impl PsClient {
     }
 }
 
-
 /// The error for a failed call. A call whose connection broke before the ps answered
 /// (a `tonic::transport::Error` in the status's source chain: the connection was reset or
 /// closed mid-call, as when the ps is killed) is `UNAVAILABLE`, like a refused connection;

@@ -7,7 +7,9 @@ A closure run with ``keep_result_id`` leaves its result in the executor's
 device), and answers :func:`kept_info`: its bytes and its spec. A later closure's
 ``KeptRef(value_id, holder)`` resolves to that object when this worker holds it (no bytes
 move), else to the value pulled from ``holder`` (``WorkerServer.pull_value``: Rust, the GIL
-released, the worker's token and TLS settings). A pull that fails is an input error
+released, the worker's token and TLS settings), in which a leaf that was a ``jax.Array``
+on the holder is one again, on this worker's default device (``wire.device_arrays``): a
+closure gets the same kind of value wherever it runs. A pull that fails is an input error
 (``ResourceInputError`` with ``resource_id = value_id``) naming the holder and why, which
 the coordinator takes as "re-make the value".
 
@@ -186,7 +188,10 @@ class KeptInputs:
             encoded = self._server.pull_value(
                 holder, value_id, session=session, timeout=self._timeout
             )
-            return wire.decode(encoded.pickle, encoded.buffers)
+            # A jax.Array on its holder is one here too (on this worker's default device),
+            # as when the closure runs on the holder.
+            with wire.device_arrays():
+                return wire.decode(encoded.pickle, encoded.buffers)
         except Exception as exc:
             why = f"{type(exc).__name__}: {exc}"
             message = (
@@ -276,7 +281,7 @@ class ValueReader:
             )
             return
         try:
-            encoded = wire.encode(value, zero_copy=True)
+            encoded = wire.encode(value, zero_copy=True, mark_device_arrays=True)
         except Exception as exc:
             read.reply_status(
                 "FAILED_PRECONDITION",

@@ -102,8 +102,12 @@ where
 {
     let ended = Status::from_header_map(response.headers()).is_some();
     let (parts, body) = response.into_parts();
-    let stream = Unframed::<_, M>::new(body, limit, what, Ending::Response).take_while(move |_| !ended);
-    (tonic::metadata::MetadataMap::from_headers(parts.headers), Box::pin(stream))
+    let stream =
+        Unframed::<_, M>::new(body, limit, what, Ending::Response).take_while(move |_| !ended);
+    (
+        tonic::metadata::MetadataMap::from_headers(parts.headers),
+        Box::pin(stream),
+    )
 }
 
 /// Runs `CallChunked` (the service's, at `path`) with `request`'s chunks framed by

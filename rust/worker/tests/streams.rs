@@ -245,10 +245,7 @@ async fn shutdown_refuses_queued_closures_answers_the_running_one_and_ends_the_s
     // drain notice may come after the last answer (it is sent beside them, not in order).
     let mut end = tokio::time::timeout(PATIENCE, channel.next()).await;
     while let Ok(Some(Ok(notice))) = &end {
-        assert!(
-            notice.draining && notice.replies.is_empty(),
-            "{notice:?}"
-        );
+        assert!(notice.draining && notice.replies.is_empty(), "{notice:?}");
         end = tokio::time::timeout(PATIENCE, channel.next()).await;
     }
     assert!(matches!(end, Ok(None)), "{end:?}");
