@@ -90,7 +90,7 @@ def test_a_variable_above_the_default_limit_is_created_updated_and_read() -> Non
 
 def test_apply_update_in_chunks_borrowed_or_copied_gives_the_same_update() -> None:
     """A gradient above the limit goes through CallChunked with its chunks framed from the
-    array's own memory (chunks of 512 KiB: above the size sent by reference); borrowed (no
+    array's own memory (chunks of 512 KiB: above the size sent by reference); lent (no
     copy) or copied, every element lands, in order."""
     import jax.numpy as jnp
 
@@ -116,5 +116,42 @@ def test_apply_update_in_chunks_borrowed_or_copied_gives_the_same_update() -> No
             assert client.get_status()["bytes_written"] - before == gradient.nbytes
             np.testing.assert_array_equal(client.read(name), expected, err_msg=name)
         np.testing.assert_array_equal(gradient, np.arange(elements, dtype=np.float32) / elements)
+    finally:
+        server.shutdown()
+
+
+def test_a_lent_gradient_is_never_read_after_apply_update_returns() -> None:
+    """Calls cut short by a deadline while their chunks are being sent: each returns only
+    once HTTP/2 let go of the lent gradient, so overwriting it with NaN at once never
+    reaches the ps. The variable holds either the whole update or none of it."""
+    from jaxcluster import errors
+    from jaxcluster.strategy import optimizers as opt
+
+    server = core.PsServer("127.0.0.1:0", auth_token=TOKEN, max_message_bytes=1 << 20)
+    try:
+        client = client_of(server, 1 << 20)
+        sgd = opt.SGD(1.0, name="lent")
+        elements = 8 * (1 << 20)  # 32 MiB: 64 chunks
+        client.create_variable("lent", np.zeros(elements, np.float32))
+        cut_short = 0
+        for attempt in range(12):
+            gradient = np.full(elements, -1.0, np.float32)
+            try:
+                client.apply_update(
+                    "lent",
+                    sgd._name,
+                    sgd._spec,
+                    gradient,
+                    borrow=True,
+                    timeout=0.002 * (attempt + 1),
+                )
+            except (errors.DeadlineExceededError, errors.UnavailableError):
+                cut_short += 1  # by our deadline, or by tonic's (its transport's error)
+            gradient[:] = np.nan  # what a caller may do once the call returned
+        value = client.read("lent")
+        assert not np.isnan(value).any()
+        assert value.min() == value.max()  # whole updates only: each step adds exactly 1
+        assert 12 - cut_short <= value[0] <= 12
+        assert cut_short > 0
     finally:
         server.shutdown()

@@ -239,16 +239,14 @@ def test_a_closure_on_a_worker_applies_gradients(cluster: LocalCluster) -> None:
     np.testing.assert_allclose(w.read_value(), -0.5 - 0.75)
 
 
-def test_gradients_sent_without_a_copy_update_as_copied_ones(cluster: LocalCluster) -> None:
-    """jax.Arrays and arrays made for the call (a float64 gradient cast, a list) are sent
-    from their own memory; a numpy gradient is copied (another thread could write it).
-    Each updates its variable exactly as the copied one does, sharded or not."""
+def test_gradients_of_every_kind_update_alike(cluster: LocalCluster) -> None:
+    """numpy gradients (lent to the call, not copied), jax.Arrays, casts and lists update
+    their variables alike, sharded or not, and a lent gradient is left as it was."""
     import jax.numpy as jnp
-
-    from jaxcluster.strategy import _compression
 
     rng = np.random.default_rng(7)
     grads = [rng.normal(size=(4, 3)).astype(np.float32) for _ in range(5)]
+    kept = [g.copy() for g in grads]
     kinds = {
         "numpy": lambda g: g,
         "jax": jnp.asarray,
@@ -257,19 +255,13 @@ def test_gradients_sent_without_a_copy_update_as_copied_ones(cluster: LocalClust
     }
     strategy = strategy_for(cluster, FixedShardsPartitioner(2))
     with strategy.scope():
-        ws = {k: strategy.Variable(np.zeros((4, 3), np.float32), name=f"nocopy_{k}") for k in kinds}
-    adam = opt.Adam(0.01, name="nocopy")
+        ws = {k: strategy.Variable(np.zeros((4, 3), np.float32), name=f"kinds_{k}") for k in kinds}
+    adam = opt.Adam(0.01, name="kinds")
     for g in grads:
         for kind, make in kinds.items():
             adam.apply_gradients([(make(g), ws[kind])])
     for kind in kinds:
         np.testing.assert_array_equal(ws[kind].read_value(), ws["numpy"].read_value(), kind)
     assert np.abs(ws["numpy"].read_value()).min() > 0  # updated at all
-    # Which are sent without a copy: what nothing else can write while it is sent.
-    g = grads[0]
-    assert _compression.unshared(jnp.asarray(g), np.asarray(jnp.asarray(g)))
-    assert _compression.unshared(g.astype(np.float64), g.astype(np.float32))
-    assert _compression.unshared(g.tolist(), np.asarray(g.tolist(), np.float32))
-    assert not _compression.unshared(g, np.asarray(g))
-    assert not _compression.unshared(g, g[1:3])
-    assert not _compression.unshared(memoryview(g), np.asarray(memoryview(g)))
+    for g, before in zip(grads, kept, strict=True):
+        np.testing.assert_array_equal(g, before)

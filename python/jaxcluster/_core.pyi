@@ -1946,9 +1946,9 @@ class PsClient:
         or int8 with ``gradient_scale``: the gradient is ``int8 * gradient_scale``), applied
         atomically on the ps with the slots ``name/slot_prefix/<slot>`` and the step count
         ``name/slot_prefix/iterations`` (created on first use). Returns as :meth:`assign`.
-        ``borrow``: send the gradient's own memory instead of a copy; only for an array
-        nothing can change until this returns (a ``jax.Array``'s host view, an array made
-        for this call)."""
+        ``borrow``: send the gradient's own memory instead of a copy, and return only once
+        nothing reads it any more (after an answer, a deadline or an interrupt alike), as a
+        blocking socket send does; another thread must not write it meanwhile."""
 
     def list_variables(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
         """``[{"name", "dtype", "shape", "version"}]`` sorted by name."""

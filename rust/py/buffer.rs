@@ -46,6 +46,9 @@ struct Borrowed {
     _owner: Py<PyAny>,
     ptr: *const u8,
     len: usize,
+    /// Dropped with the last `Bytes` over this memory, which tells a [`Released`] waiting
+    /// for that (its channel disconnects).
+    _released: Option<std::sync::mpsc::Sender<()>>,
 }
 
 // SAFETY: the pointer is only read, and the memory it points to is immutable and kept
@@ -86,9 +89,26 @@ fn memory_of(obj: &Bound<'_, PyAny>) -> PyResult<(*const u8, usize)> {
 /// alone). The `Bytes` keep a `memoryview` of `obj`, which holds an export until released
 /// and so pins the memory (a bytearray cannot be resized under it).
 pub(crate) fn borrowed(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
+    borrowed_watched(obj, None)
+}
+
+/// `obj`'s memory as `Bytes` without copying, and a [`Released`] that says when no `Bytes`
+/// over it is left: a caller lending memory that *can* change (a writable numpy array)
+/// to one blocking call waits for that before returning, so the memory is never read
+/// after the call returned, whatever ended it (an answer, a deadline, an interrupt).
+pub(crate) fn borrowed_until_released(obj: &Bound<'_, PyAny>) -> PyResult<(Bytes, Released)> {
+    let (sender, receiver) = std::sync::mpsc::channel();
+    let bytes = borrowed_watched(obj, Some(sender))?;
+    Ok((bytes, Released(receiver)))
+}
+
+fn borrowed_watched(
+    obj: &Bound<'_, PyAny>,
+    released: Option<std::sync::mpsc::Sender<()>>,
+) -> PyResult<Bytes> {
     let py = obj.py();
     if let Ok(buffer) = obj.cast::<PyBuffer>() {
-        return Ok(buffer.get().bytes.clone());
+        return Ok(buffer.get().bytes.clone()); // immutable: nothing to wait for
     }
     let view = py
         .import(pyo3::intern!(py, "builtins"))?
@@ -102,7 +122,24 @@ pub(crate) fn borrowed(obj: &Bound<'_, PyAny>) -> PyResult<Bytes> {
         _owner: view.unbind(),
         ptr,
         len,
+        _released: released,
     }))
+}
+
+/// Tells when memory lent by [`borrowed_until_released`] is no longer referenced.
+pub(crate) struct Released(std::sync::mpsc::Receiver<()>);
+
+impl Released {
+    /// Blocks until no `Bytes` over the lent memory is left, at most `limit` (call it with
+    /// the GIL released); `false` if some still is. HTTP/2 lets go of a request's data
+    /// once written, or at once when the call is cancelled, so this returns at once after
+    /// an answer and within a frame's write after a deadline.
+    pub(crate) fn wait(&self, limit: std::time::Duration) -> bool {
+        !matches!(
+            self.0.recv_timeout(limit),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+        )
+    }
 }
 
 /// A copy of `obj`'s bytes (any C-contiguous buffer exporter).

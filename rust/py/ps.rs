@@ -27,6 +27,10 @@ use crate::rpc::wire::limits::DEFAULT_MAX_MESSAGE_BYTES;
 use crate::rpc::wire::session::SessionId;
 use arrays::{check_name, missing, to_array, to_indices, to_tensor, to_tensor_borrowing};
 
+/// How long `apply_update(borrow=True)` waits, once its call ended, for the lent gradient
+/// to be let go of (it is at once after an answer; a frame's write after a deadline).
+const LENT_GRACE: Duration = Duration::from_secs(10);
+
 fn ps_error(error: PsError) -> PyErr {
     match error {
         PsError::Config(message) => PyValueError::new_err(message),
@@ -343,8 +347,9 @@ impl PyPsClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         check_name(&name)?;
         let what = format!("the gradient for apply_update to {name:?}");
+        let (gradient, lent) = to_tensor_borrowing(gradient, &what, borrow)?;
         let request = pb::ApplyUpdateRequest {
-            gradient: Some(to_tensor_borrowing(gradient, &what, borrow)?),
+            gradient: Some(gradient),
             optimizer: Some(spec.spec.clone()),
             name,
             slot_prefix,
@@ -352,8 +357,19 @@ impl PyPsClient {
             gradient_scale,
         };
         let timeout = self.timeout(timeout)?;
-        let response = wait_for(py, self.inner.apply_update(request, timeout))?;
-        Self::updated(py, &response, read_value)
+        let response = wait_for(py, self.inner.apply_update(request, timeout));
+        if let Some(lent) = lent {
+            // The call is over (its future dropped): HTTP/2 lets go of the gradient's
+            // memory now if it has not yet, and it must not be read once we return.
+            if !py.detach(move || lent.wait(LENT_GRACE)) {
+                tracing::warn!(
+                    "apply_update: the gradient's memory is still referenced {} s after the \
+                     call ended",
+                    LENT_GRACE.as_secs()
+                );
+            }
+        }
+        Self::updated(py, &response?, read_value)
     }
 
     #[pyo3(signature = (*, timeout=None))]

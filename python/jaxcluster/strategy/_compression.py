@@ -14,7 +14,6 @@ Example::
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
@@ -34,25 +33,6 @@ def check(compression: str | None, error_feedback: Any) -> None:
             "error_feedback keeps what compression drops; pass compression='bf16' or "
             "'int8' with it (without compression nothing is dropped)"
         )
-
-
-def unshared(grad: Any, array: np.ndarray) -> bool:
-    """Whether ``array`` (``grad`` as an array) is memory nothing else can change before the
-    call that sends it returns, so it may be sent without a copy: a ``jax.Array``'s host
-    view (JAX arrays are immutable; a GPU array's is a fresh host copy), or an array made
-    from ``grad`` here (a cast, a list). A numpy ``grad``'s own memory is shared: another
-    thread could write it while it is sent.
-
-    Example: ``unshared(jnp.ones(3), np.asarray(jnp.ones(3)))`` is ``True``.
-    """
-    jax = sys.modules.get("jax")
-    if jax is not None and isinstance(grad, jax.Array):
-        return True
-    if isinstance(grad, (bool, int, float, complex, list, tuple)):
-        return True
-    if isinstance(grad, np.ndarray):
-        return not np.may_share_memory(array, grad)
-    return False  # another array-like (a memoryview, a torch tensor): may be shared
 
 
 def compress(piece: np.ndarray, compression: str | None) -> tuple[np.ndarray, float]:

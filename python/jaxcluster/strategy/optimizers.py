@@ -224,12 +224,10 @@ class Optimizer:
         arrays = [variable._coerce(grad, "apply_gradients") for grad, variable in pairs]
         residuals = _compression.initial_residuals(error_feedback, arrays, treedef)
         left: list[np.ndarray] = []
-        for index, (array, (grad, variable)) in enumerate(zip(arrays, pairs, strict=True)):
-            unshared = _compression.unshared(grad, array)
+        for index, (array, (_, variable)) in enumerate(zip(arrays, pairs, strict=True)):
             if residuals is not None:
                 array = array + residuals[index]
                 left.append(np.empty_like(array))
-                unshared = True
             for shard in variable.shards:
                 piece = variable._piece(array, shard)
                 sent, scale = _compression.compress(piece, compression)
@@ -241,8 +239,9 @@ class Optimizer:
                     self._spec,
                     sent,
                     gradient_scale=scale,
-                    # Sent without a copy when nothing else can change it meanwhile.
-                    borrow=unshared or sent is not piece,
+                    # Sent from its own memory, not a copy: the call returns only once
+                    # nothing reads it any more (as a blocking send does).
+                    borrow=True,
                 )
                 if residuals is not None:
                     kept = variable._piece(left[index], shard)
