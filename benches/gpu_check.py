@@ -182,6 +182,11 @@ def kept_on_device(
             want = float((mib + mib // 4) * MIB // 4)
             if total != want:
                 failures.append(f"the fan-in summed {total}, expected {want}")
+            if where_small != expected:
+                failures.append(
+                    f"a kept array pulled from the other worker arrived on {where_small!r}, "
+                    f"expected {expected!r} (as on its holder)"
+                )
             if small.worker != big.worker and pulled < (mib // 4) * MIB:
                 failures.append(
                     f"the fan-in pulled {pulled} bytes peer to peer, expected the small input's"

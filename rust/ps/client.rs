@@ -67,15 +67,11 @@ impl PsClient {
     fn chunked(
         &self,
     ) -> impl FnOnce(Inner, tonic::Request<ChunkStream>) -> framed::Pending + use<> {
-        let (raw, limit) = (self.raw.clone(), self.callee.max_message_bytes());
-        move |_, request| {
-            Box::pin(framed::call_chunked(
-                raw,
-                crate::rpc::PS_CALL_CHUNKED_PATH,
-                limit,
-                request,
-            ))
-        }
+        framed::chunked_call(
+            &self.raw,
+            crate::rpc::PS_CALL_CHUNKED_PATH,
+            self.callee.max_message_bytes(),
+        )
     }
 
     /// The address this client was made for, as given.

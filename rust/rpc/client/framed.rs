@@ -130,3 +130,15 @@ pub async fn call_chunked(
     let (metadata, replies) = replies::<pb::Chunk>(response, limit, "a CallChunked answer");
     Ok(tonic::Response::from_parts(metadata, replies, extensions))
 }
+
+/// What [`Callee::call_sized`](super::channel::Callee::call_sized) starts a chunked call
+/// with: `CallChunked` at `path`, framed, on `raw` (the generated client it is handed is
+/// not used: the call goes on the same connection without it).
+pub fn chunked_call<C>(
+    raw: &Raw,
+    path: &'static str,
+    limit: usize,
+) -> impl FnOnce(C, tonic::Request<ChunkStream>) -> Pending + use<C> {
+    let raw = raw.clone();
+    move |_, request| Box::pin(call_chunked(raw, path, limit, request))
+}

@@ -126,15 +126,11 @@ impl WorkerClient {
     fn chunked(
         &self,
     ) -> impl FnOnce(Inner, tonic::Request<ChunkStream>) -> framed::Pending + use<> {
-        let (raw, limit) = (self.raw.clone(), self.max_message_bytes());
-        move |_, request| {
-            Box::pin(framed::call_chunked(
-                raw,
-                crate::rpc::WORKER_CALL_CHUNKED_PATH,
-                limit,
-                request,
-            ))
-        }
+        framed::chunked_call(
+            &self.raw,
+            crate::rpc::WORKER_CALL_CHUNKED_PATH,
+            self.max_message_bytes(),
+        )
     }
 
     /// Health, identity and counters of the worker.
