@@ -101,7 +101,9 @@ def test_apply_update_in_chunks_borrowed_or_copied_gives_the_same_update() -> No
         client = client_of(server, 1 << 20)
         sgd = opt.SGD(0.5, name="chunked")
         elements = 2 * (1 << 20) + 3  # 8 MiB and a bit: 17 chunks, the last one short
-        gradient = np.arange(elements, dtype=np.float32) / elements
+        # float32 throughout (numpy 1.x would promote `/ elements` to float64)
+        gradient = (np.arange(elements) / elements).astype(np.float32)
+        original = gradient.copy()
         start = np.ones(elements, np.float32)
         expected = start - 0.5 * gradient
         sent = {
@@ -115,7 +117,7 @@ def test_apply_update_in_chunks_borrowed_or_copied_gives_the_same_update() -> No
             client.apply_update(name, sgd._name, sgd._spec, grad, borrow=borrow)
             assert client.get_status()["bytes_written"] - before == gradient.nbytes
             np.testing.assert_array_equal(client.read(name), expected, err_msg=name)
-        np.testing.assert_array_equal(gradient, np.arange(elements, dtype=np.float32) / elements)
+        np.testing.assert_array_equal(gradient, original)  # lent, never written
     finally:
         server.shutdown()
 

@@ -27,9 +27,15 @@ __all__ = ["Dataflow", "finalize_release", "kept_ref"]
 
 #: A read that failed with one of these lost the value with its holder: the holder no
 #: longer holds it (``NOT_FOUND``: released, or a new process), cannot be reached, or its
-#: connection broke mid-read (a transport error arrives as ``InternalError``). As a worker's
-#: pull does, the coordinator then re-makes the value by lineage.
-_LOST = (errors.NotFoundError, errors.UnavailableError, errors.InternalError)
+#: connection broke mid-read (tonic reports that ``INTERNAL``, or ``CANCELLED``: "operation
+#: was canceled (transport error: connection closed)", as a link's unary calls see it too).
+#: As a worker's pull does, the coordinator then re-makes the value by lineage.
+_LOST = (
+    errors.NotFoundError,
+    errors.UnavailableError,
+    errors.InternalError,
+    errors.CancelledError,
+)
 
 
 def _KeptRef(value_id: int, holder: str) -> Any:
