@@ -134,25 +134,40 @@ impl Callee {
     {
         let mut request = tonic::Request::new(message);
         let context = || format!("{method} on {} {}", self.peer.kind, self.address);
+        let late = |limit: Duration| {
+            RpcError::DeadlineExceeded(format!(
+                "{} did not answer within {:.3} s",
+                context(),
+                limit.as_secs_f64()
+            ))
+        };
         let result = match timeout {
             None => send(request).await,
             Some(limit) => {
                 request.set_timeout(limit);
-                if let Ok(result) = tokio::time::timeout(limit, send(request)).await {
-                    result
-                } else {
-                    return Err(RpcError::DeadlineExceeded(format!(
-                        "{} did not answer within {:.3} s",
-                        context(),
-                        limit.as_secs_f64()
-                    )));
+                match tokio::time::timeout(limit, send(request)).await {
+                    Ok(result) => result,
+                    Err(_) => return Err(late(limit)),
                 }
             }
         };
-        result
-            .map(tonic::Response::into_inner)
-            .map_err(|status| (self.peer.status_error)(status).with_context(&context()))
+        result.map(tonic::Response::into_inner).map_err(|status| {
+            match timeout.filter(|_| server_gave_up(&status)) {
+                Some(limit) => late(limit),
+                None => (self.peer.status_error)(status).with_context(&context()),
+            }
+        })
     }
+}
+
+/// Whether `status` is a tonic server ending the call at the `grpc-timeout` this client
+/// sent. The server's clock can run out a hair before ours, and tonic's server then answers
+/// `CANCELLED` with its `TimeoutExpired` text rather than gRPC's `DEADLINE_EXCEEDED`; to the
+/// caller both are the one deadline it set, so both are [`RpcError::DeadlineExceeded`]
+/// (a caller that cancelled nothing must never see `CancelledError`).
+fn server_gave_up(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Cancelled
+        && status.message() == tonic::TimeoutExpired(()).to_string()
 }
 
 #[cfg(test)]
@@ -177,6 +192,36 @@ mod tests {
             assert!(matches!(e, RpcError::InvalidArgument(_)), "{bad}");
             assert!(e.message().contains("HOST:PORT"), "{e}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_server_ending_the_call_at_our_deadline_is_our_deadline() {
+        let callee = Callee::new(&PEER, "127.0.0.1:1".into(), 1 << 20);
+        let limit = Some(Duration::from_millis(500));
+        let expired = || tonic::Status::cancelled(tonic::TimeoutExpired(()).to_string());
+        let call = |status: tonic::Status| {
+            callee.call("Ping", limit, (), |_| async move {
+                Err::<tonic::Response<()>, _>(status)
+            })
+        };
+        let e = call(expired()).await.unwrap_err();
+        assert!(matches!(e, RpcError::DeadlineExceeded(_)), "{e:?}");
+        assert_eq!(
+            e.message(),
+            "Ping on worker 127.0.0.1:1 did not answer within 0.500 s"
+        );
+        // Any other cancellation is still one, and without a deadline nothing is re-read.
+        let e = call(tonic::Status::cancelled("closure cancelled"))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RpcError::Cancelled(_)), "{e:?}");
+        let e = callee
+            .call("Ping", None, (), |_| async move {
+                Err::<tonic::Response<()>, _>(expired())
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RpcError::Cancelled(_)), "{e:?}");
     }
 
     #[test]
