@@ -47,17 +47,24 @@ import io
 import pickle
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeGuard, cast
+from typing import TYPE_CHECKING, Any
 
 from jaxcluster._source_code import SourcePickler
+from jaxcluster._wire_arrays import (
+    PICKLE_PROTOCOL,
+    device_arrays,
+    out_of_band,
+    rebuild_array,
+    rebuild_device_array,
+    reduce_jax_array,
+    reduce_jax_array_marked,
+    reduce_ndarray,
+)
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer as BufferProtocol
-
-    from jaxcluster._core import Buffer
+    pass
 
 __all__ = [
     "PICKLE_PROTOCOL",
@@ -76,7 +83,6 @@ __all__ = [
     "rebuild_device_array",
 ]
 
-PICKLE_PROTOCOL = 5
 _RESOURCE_TAG = "jaxcluster.resource"
 _KEPT_TAG = "jaxcluster.kept"
 
@@ -185,7 +191,7 @@ def _persistent_id(obj: Any) -> Any:
 
 def _jax_to_numpy(obj: Any, jax_array: type | None, marked: bool) -> Any:
     if jax_array is not None and isinstance(obj, jax_array):
-        return _reduce_jax_array(obj, marked)
+        return reduce_jax_array(obj, marked)
     return NotImplemented
 
 
@@ -222,113 +228,6 @@ class _CloudPickler(SourcePickler):
         return converted
 
 
-def rebuild_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
-    """Unpickling: the numpy array of ``dtype`` and ``shape`` over ``buffer``."""
-    import numpy as np
-
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
-
-
-class _Decoding(threading.local):
-    """Whether this thread decodes inside :func:`device_arrays`."""
-
-    device = False
-
-
-_decoding = _Decoding()
-
-
-@contextmanager
-def device_arrays() -> Iterator[None]:
-    """Inside it, this thread's :func:`decode` makes each array that was a ``jax.Array``
-    where it was encoded with ``mark_device_arrays=True`` a ``jax.Array`` again, on this
-    process's default device; elsewhere such arrays decode as numpy, as every array does.
-    A worker pulling a kept value from its holder decodes this way, so a closure gets the
-    same kind of value whichever worker it runs on.
-
-    Example::
-
-        with wire.device_arrays():
-            value = wire.decode(encoded.pickle, encoded.buffers)
-    """
-    before = _decoding.device
-    _decoding.device = True
-    try:
-        yield
-    finally:
-        _decoding.device = before
-
-
-def rebuild_device_array(buffer: Any, dtype: str, shape: tuple[int, ...]) -> Any:
-    """Unpickling an array that was a ``jax.Array`` where it was encoded (see
-    :func:`device_arrays`): a ``jax.Array`` on the default device inside
-    :func:`device_arrays`, else the numpy array over ``buffer``."""
-    array = rebuild_array(buffer, dtype, shape)
-    if not _decoding.device:
-        return array
-    import jax
-
-    return jax.device_put(array)
-
-
-def _reduce_ndarray(array: Any) -> Any:
-    dtype = array.dtype
-    if dtype.kind in "biufc" and dtype.fields is None and array.flags.c_contiguous:
-        return rebuild_array, (pickle.PickleBuffer(array), dtype.str, array.shape)
-    return array.__reduce_ex__(PICKLE_PROTOCOL)
-
-
-def _reduce_jax_array(array: Any, marked: bool = False) -> Any:
-    """A ``jax.Array`` as its host memory: ``numpy.asarray`` is a view of a CPU array (one
-    device-to-host copy for an accelerator's), and as a ``jax.Array`` never changes, that
-    memory is borrowed, not copied, when the value is sent. ``marked``: rebuilt by
-    :func:`rebuild_device_array`, so a decoder inside :func:`device_arrays` makes it a
-    ``jax.Array`` again."""
-    import numpy as np
-
-    host = np.asarray(array)
-    dtype = host.dtype
-    if dtype.kind in "biufc" and dtype.fields is None and host.flags.c_contiguous and host.size:
-        from jaxcluster._native import core
-
-        # A Buffer exports the buffer protocol (PyO3's slot); typeshed's Buffer protocol
-        # wants the `__buffer__` method Python 3.12 adds for such types, so mypy is told.
-        borrowed = pickle.PickleBuffer(cast("BufferProtocol", core.Buffer.borrow(host)))
-        rebuild = rebuild_device_array if marked else rebuild_array
-        return rebuild, (borrowed, dtype.str, host.shape)
-    return _reduce_ndarray(host)
-
-
-def _out_of_band(buffers: list[pickle.PickleBuffer], zero_copy: bool) -> list[Any]:
-    """The pickler's out-of-band buffers as ``bytes``, or (``zero_copy``) as what the Rust
-    core takes: a ``Buffer`` for memory that cannot change, else the ``PickleBuffer``."""
-    if not zero_copy:
-        return [b.raw().tobytes() for b in buffers]
-    return [_shared(b) for b in buffers]
-
-
-def _shared(buffer: pickle.PickleBuffer) -> Any:
-    view = buffer.raw()
-    root = view.obj
-    for _ in range(64):  # a numpy view's owner, and its owner...
-        base = getattr(root, "base", None)
-        if base is None:
-            break
-        root = base
-    if _is_core_buffer(root):  # received bytes (immutable) or a borrowed jax.Array
-        return root.within(view)
-    if type(root) is bytes:  # e.g. numpy.frombuffer(b"..."): immutable too
-        from jaxcluster._native import core
-
-        return core.Buffer.borrow(root).within(view)
-    return buffer
-
-
-def _is_core_buffer(obj: Any) -> TypeGuard[Buffer]:
-    core = sys.modules.get("jaxcluster._core")
-    return core is not None and type(obj) is core.Buffer
-
-
 class _NeedsFullPickler(Exception):
     """Internal: :func:`fast_encode` met something only the full pickler handles."""
 
@@ -340,13 +239,9 @@ def _refuse(obj: Any) -> Any:
 _tables: dict[tuple[bool, bool, bool], dict[Any, Any]] = {}
 
 
-def _reduce_jax_array_marked(array: Any) -> Any:
-    return _reduce_jax_array(array, marked=True)
-
-
 def _dispatch_table(marked: bool = False) -> dict[Any, Any]:
     """``copyreg``'s table plus numpy's and JAX's array types (``marked``: see
-    :func:`_reduce_jax_array`); rebuilt once numpy or JAX has been imported (never imports
+    :func:`reduce_jax_array`); rebuilt once numpy or JAX has been imported (never imports
     either)."""
     numpy = sys.modules.get("numpy")
     jax = sys.modules.get("jax")
@@ -357,12 +252,12 @@ def _dispatch_table(marked: bool = False) -> dict[Any, Any]:
         table[ResourceRef] = _refuse
         table[KeptRef] = _refuse
         if numpy is not None:
-            table[numpy.ndarray] = _reduce_ndarray
+            table[numpy.ndarray] = reduce_ndarray
         if jax is not None:
             pending = list(jax.Array.__subclasses__())
             while pending:  # concrete array types are subclasses of subclasses too
                 array_type = pending.pop()
-                table[array_type] = _reduce_jax_array_marked if marked else _reduce_jax_array
+                table[array_type] = reduce_jax_array_marked if marked else reduce_jax_array
                 pending.extend(array_type.__subclasses__())
         _tables[key] = table
     return table
@@ -399,14 +294,14 @@ def fast_encode(
         pickler = pickle.Pickler(stream, protocol=PICKLE_PROTOCOL, buffer_callback=buffers.append)
         pickler.dispatch_table = _dispatch_table(mark_device_arrays)
         pickler.dump(value)
-        return EncodedValue(stream.getvalue(), _out_of_band(buffers, zero_copy))
+        return EncodedValue(stream.getvalue(), out_of_band(buffers, zero_copy))
     table = _dispatch_table(mark_device_arrays)
     if state.table is not table:
         state.pickler.dispatch_table = state.table = table
     state.busy = True
     try:
         state.pickler.dump(value)
-        return EncodedValue(state.stream.getvalue(), _out_of_band(state.buffers, zero_copy))
+        return EncodedValue(state.stream.getvalue(), out_of_band(state.buffers, zero_copy))
     finally:
         state.pickler.clear_memo()
         state.stream.seek(0)
@@ -419,7 +314,7 @@ def _dump(pickler_type: type, value: Any, zero_copy: bool, marked: bool) -> Enco
     stream = io.BytesIO()
     buffers: list[pickle.PickleBuffer] = []
     pickler_type(stream, buffers, marked).dump(value)
-    return EncodedValue(stream.getvalue(), _out_of_band(buffers, zero_copy))
+    return EncodedValue(stream.getvalue(), out_of_band(buffers, zero_copy))
 
 
 def encode(

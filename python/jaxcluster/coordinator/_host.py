@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from jaxcluster.coordinator import _encoding
+from jaxcluster.coordinator.functions import function_name
 from jaxcluster.coordinator.remote_value import RemoteValue
 
 if TYPE_CHECKING:
@@ -96,12 +97,11 @@ class CoordinatorHost:
             return
         with self._lock:
             if function.function_hash not in self._registered:
-                name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", "")
                 self._dispatcher.register_function(
                     function.function_hash,
                     function.kind,
                     function.payload,
-                    name if isinstance(name, str) else "",
+                    function_name(fn),
                 )
                 self._registered.add(function.function_hash)
 

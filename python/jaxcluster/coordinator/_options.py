@@ -202,3 +202,44 @@ def credentials(source: Any, auth_token: str | None, tls_ca: Any) -> tuple[Any, 
     strategy_ca = getattr(source, "tls_ca", None) if source is not resolver else None
     ca = load_ca(tls_ca) or (strategy_ca if isinstance(strategy_ca, bytes) else None)
     return resolver, token, ca or ca_from_env()
+
+
+def make_dispatcher(
+    addresses: list[str],
+    slice_sizes: list[int],
+    token: str | None,
+    ca: Any,
+    session_id: str,
+    *,
+    max_queue_size: int,
+    error_policy: str,
+    closure_timeout: float | None,
+    retries: int | None,
+    heartbeat: float | None,
+    connect: float | None,
+    recovery_timeout: float | None,
+) -> Any:
+    """The Rust dispatcher for the checked options (:func:`checked_options`)."""
+    from jaxcluster._native import core
+
+    versions = _own_versions()
+    return core.Dispatcher(
+        addresses,
+        auth_token=token,
+        tls_ca=ca,
+        max_queue_size=max_queue_size,
+        error_policy=error_policy,  # type: ignore[arg-type]  # checked by checked_options
+        closure_timeout=None if closure_timeout is None else float(closure_timeout),
+        max_closure_retries=retries,
+        heartbeat_timeout=heartbeat,
+        connect_timeout=connect,
+        recovery_timeout=None if recovery_timeout is None else float(recovery_timeout),
+        # Each link checks its worker is rank 0 of a slice this size (1: no slice).
+        slice_sizes=slice_sizes,
+        # Each link checks its worker's versions against these (see versions.rs).
+        python_version=versions.python,
+        jax_version=versions.jax,
+        jaxcluster_version=versions.jaxcluster,
+        # Every call carries it: what this coordinator creates on a worker is its own.
+        session_id=session_id,
+    )

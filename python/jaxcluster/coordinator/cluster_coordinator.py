@@ -23,20 +23,20 @@ from jaxcluster.coordinator._options import (
     _CONNECT_DEFAULT,
     _HEARTBEAT_DEFAULT,
     _RETRIES_DEFAULT,
-    _own_versions,
     checked_arguments,
     checked_options,
     credentials,
+    make_dispatcher,
 )
 from jaxcluster.coordinator.dataflow import Dataflow
 from jaxcluster.coordinator.device_state import PerWorkerState
 from jaxcluster.coordinator.elastic import Membership, Refresher
-from jaxcluster.coordinator.functions import FunctionSerializer
+from jaxcluster.coordinator.functions import FunctionSerializer, function_name
 from jaxcluster.coordinator.per_worker import PerWorkerDataset
 from jaxcluster.coordinator.placement import WorkerFacts
 from jaxcluster.coordinator.preemption_save import PreemptionSaver
 from jaxcluster.coordinator.remote_value import RemoteValue
-from jaxcluster.coordinator.sessions import end_session, new_session_id
+from jaxcluster.coordinator.sessions import new_session_id, shut_down
 from jaxcluster.coordinator.slices import initial_slices, slices_resolver, slices_to_add
 from jaxcluster.coordinator.structure import map_structure
 
@@ -48,11 +48,6 @@ __all__ = ["ClusterCoordinator"]
 # `workers`: each up worker is asked for a fresh GetStatus, bounded by this.
 _WORKERS_STATUS_TIMEOUT_SECONDS = 1.0
 _log = logging.getLogger("jaxcluster.coordinator")
-
-
-def _name_of(fn: Any) -> str:
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
-    return name if isinstance(name, str) else ""
 
 
 class ClusterCoordinator:
@@ -152,33 +147,25 @@ class ClusterCoordinator:
         self._cluster_resolver = resolver
         self._strategy = None if source is resolver else source
         from jaxcluster._malloc import keep_freed_memory
-        from jaxcluster._native import core
 
         keep_freed_memory()  # large arrays: no page faults per message (see _malloc)
         warn_if_token_in_clear(addresses, token, ca, _log, "workers", stacklevel=2)
         # A logging configuration made just before this applies to the Rust events at once.
         core.refresh_log_levels()
-        versions = _own_versions()
         self._session_id = new_session_id(self._strategy)
-        self._dispatcher = core.Dispatcher(
+        self._dispatcher = make_dispatcher(
             addresses,
-            auth_token=token,
-            tls_ca=ca,
+            [len(group) for group in first],
+            token,
+            ca,
+            self._session_id,
             max_queue_size=max_queue_size,
-            error_policy=error_policy,  # type: ignore[arg-type]  # checked above
-            closure_timeout=None if closure_timeout is None else float(closure_timeout),
-            max_closure_retries=retries,
-            heartbeat_timeout=heartbeat,
-            connect_timeout=connect,
-            recovery_timeout=None if recovery_timeout is None else float(recovery_timeout),
-            # Each link checks its worker is rank 0 of a slice this size (1: no slice).
-            slice_sizes=[len(group) for group in first],
-            # Each link checks its worker's versions against these (see versions.rs).
-            python_version=versions.python,
-            jax_version=versions.jax,
-            jaxcluster_version=versions.jaxcluster,
-            # Every call carries it: what this coordinator creates on a worker is its own.
-            session_id=self._session_id,
+            error_policy=error_policy,
+            closure_timeout=closure_timeout,
+            retries=retries,
+            heartbeat=heartbeat,
+            connect=connect,
+            recovery_timeout=recovery_timeout,
         )
         self._membership = Membership(self._dispatcher, addresses, token, ca, slices=first)
         self._worker_facts = WorkerFacts(self._dispatcher)
@@ -318,7 +305,7 @@ class ClusterCoordinator:
         self._worker_facts.check(function)
         self._host.register(function, fn)
         cell = self._dispatcher.schedule(function.function_hash, pickled, buffers, resources)
-        return RemoteValue(cell, self._ref, function.origin, None, _name_of(fn))
+        return RemoteValue(cell, self._ref, function.origin, None, function_name(fn))
 
     def join(self, timeout: float | None = None, *, progress: bool = False) -> bool:
         """Waits until every scheduled closure has ended; ``False`` if ``timeout`` passed.
@@ -483,19 +470,8 @@ class ClusterCoordinator:
         if self._refresher is not None:
             self._refresher.stop()
         self._dataflow.tracker.stop()
-        # Workers that are down release the session after their --state-ttl instead.
-        up = [
-            w.address for w in self._dispatcher.worker_statuses() if w.state == core.WorkerState.UP
-        ]
-        self._dispatcher.shutdown()
-        # What this session holds on the workers is released now, not after --state-ttl
-        # (bounded; errors logged). A strategy's ps variables are the ps's to release.
-        end_session(
-            up,
-            self._session_id,
-            auth_token=self._auth_token,
-            tls_ca=self._tls_ca,
-        )
+        # A strategy's ps variables are the ps's to release.
+        shut_down(self._dispatcher, self._session_id, self._auth_token, self._tls_ca)
         server, self._metrics_server = self._metrics_server, None
         if server is not None:
             server.close()

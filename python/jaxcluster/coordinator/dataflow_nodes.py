@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from jaxcluster import errors
+from jaxcluster.coordinator.functions import function_name
 from jaxcluster.coordinator.structure import map_structure
 
 __all__ = ["Node", "TrackedCell", "find_remote_values"]
@@ -133,7 +134,7 @@ class Node:
             keep,
         )
         self.cell = TrackedCell()
-        self.name = getattr(fn, "__qualname__", None) or repr(fn)
+        self.name = function_name(fn) or repr(fn)
         self.value_id: int | None = None  # the kept value's id, once asked for
         self.remakes = 0  # lineage re-runs of this kept value
         self.input_failures = 0  # runs that failed for a lost kept input

@@ -43,6 +43,7 @@ __all__ = [
     "FunctionSerializer",
     "SerializedFunction",
     "export_function",
+    "function_name",
     "is_jitted",
     "pickle_function",
 ]
@@ -84,6 +85,13 @@ class SerializedFunction:
 
 
 _jit_types: dict[type, bool] = {}
+
+
+def function_name(fn: Any) -> str:
+    """``fn``'s ``__qualname__`` (else ``__name__``) as messages and metrics name it; ``""``
+    for a callable without one (a ``functools.partial``, a callable object)."""
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return name if isinstance(name, str) else ""
 
 
 def is_jitted(fn: Any) -> bool:

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["END_SESSION_TIMEOUT_SECONDS", "end_session", "new_session_id"]
+__all__ = ["END_SESSION_TIMEOUT_SECONDS", "end_session", "new_session_id", "shut_down"]
 
 _log = logging.getLogger("jaxcluster.coordinator")
 
@@ -73,3 +73,15 @@ def end_session(
         thread.start()
     for thread in threads:
         thread.join(timeout + 1.0)
+
+
+def shut_down(dispatcher: Any, session: str, auth_token: str | None, tls_ca: bytes | None) -> None:
+    """Stops ``dispatcher`` (its queued closures are cancelled), then ends ``session`` on
+    each worker that was up (:func:`end_session`), so what the session holds there is
+    released now rather than after ``--state-ttl``; a worker that is down releases it after
+    its ``--state-ttl`` instead."""
+    from jaxcluster._native import core
+
+    up = [w.address for w in dispatcher.worker_statuses() if w.state == core.WorkerState.UP]
+    dispatcher.shutdown()
+    end_session(up, session, auth_token=auth_token, tls_ca=tls_ca)
