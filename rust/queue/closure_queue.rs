@@ -85,14 +85,15 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
             .map_or(0, std::collections::VecDeque::len)
     }
 
-    /// Items queued under `tag` right now for which `counts` holds: the dispatcher asks
-    /// whether a worker has work waiting that a closure placed there would queue behind,
-    /// which a pending release (a small RPC) is not.
-    pub fn tagged_count(&self, tag: Tag, counts: impl Fn(&T) -> bool) -> usize {
+    /// Whether an item for which `counts` holds is queued under `tag` right now: the
+    /// dispatcher asks whether a worker has work waiting that a closure placed there would
+    /// queue behind, which a pending release (a small RPC) is not. Stops at the first such
+    /// item, so the lock is held only past the releases queued ahead of it.
+    pub fn tagged_any(&self, tag: Tag, counts: impl Fn(&T) -> bool) -> bool {
         self.lock()
             .tagged
             .get(&tag)
-            .map_or(0, |items| items.iter().filter(|item| counts(item)).count())
+            .is_some_and(|items| items.iter().any(counts))
     }
 
     /// Untagged closures handed out by `get` and not yet finished, failed or put back.

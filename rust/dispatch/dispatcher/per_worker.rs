@@ -177,14 +177,14 @@ impl Dispatcher {
             && !link.is_retiring()
             && link.snapshot().preemption.is_none()
             && link.counters.outstanding.load(Ordering::Relaxed) == 0
-            && self.shared.queue.tagged_count(
+            && !self.shared.queue.tagged_any(
                 Tag::try_from(worker).unwrap_or(Tag::MAX),
                 // A pending release is a small RPC, not work to queue behind: the holder
                 // of a kept value is still free while the collected ones before it are
                 // released (a chain dropping each step's value left every next step
                 // looking busy, and it ran elsewhere and pulled its input).
                 |work| !matches!(work, Work::ReleaseResource { .. }),
-            ) == 0
+            )
     }
 
     /// Wakes `watch` (its waiter returns with nothing settled) each time a worker's
