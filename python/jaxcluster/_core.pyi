@@ -1084,7 +1084,13 @@ class WorkerClient:
         ``timeout`` bounds the control calls (status, devices, register, release) unless
         they pass their own (default 30 s); ``max_message_bytes`` defaults to 64 MiB.
         With ``tls_ca`` (PEM CA bytes) it connects over TLS and verifies the worker's
-        certificate for ``tls_domain`` or the address's host."""
+        certificate for ``tls_domain`` or the address's host.
+
+        A call's deadline is sent to the worker, which gives up at it: a queued closure of
+        a call that timed out is withdrawn before the worker answers, and the client waits
+        up to a tenth of the deadline (5 ms to 1 s) past it for that answer. So from a
+        worker that could answer, ``DeadlineExceededError`` means the closure will not
+        start; a worker that cannot answer at all fails the call once that grace passed."""
 
     @property
     def address(self) -> str: ...

@@ -322,14 +322,7 @@ impl JobQueue {
         let mut index = 0;
         while let Some(job) = state.jobs.get(index) {
             let startable = match &job.reply {
-                // Nobody would read the answer: a stream whose client went away, or a
-                // unary call cancelled (or timed out) by its client while queued. A
-                // release still runs: a session's release is queued with nobody waiting
-                // (`mod.rs`), and a value left behind would hold its memory for good.
-                Some(ReplyTo::Stream(stream)) if stream.is_abandoned() => None,
-                Some(ReplyTo::Call(sender)) if sender.is_closed() && job.request.runs_code() => {
-                    None
-                }
+                _ if nobody_waits(job) => None,
                 // A leased stream's closures wait for its lease (see stream.rs); its
                 // other closures wait with them, so the stream's order is kept.
                 Some(ReplyTo::Stream(stream)) => {
@@ -427,10 +420,25 @@ impl JobQueue {
         }
     }
 
-    /// `(queued, inflight)` right now.
+    /// `(queued, inflight)` right now; a queued job whose caller went away is not counted
+    /// (it will never start: [`nobody_waits`]), so a caller that cancelled a call sees it
+    /// leave the queue as soon as the worker learns of the cancellation.
     pub fn depth(&self) -> (usize, usize) {
         let state = self.lock();
-        (state.jobs.len(), state.inflight)
+        let queued = state.jobs.iter().filter(|job| !nobody_waits(job)).count();
+        (queued, state.inflight)
+    }
+}
+
+/// Whether nobody would read `job`'s answer, so it is dropped instead of started: a stream
+/// whose client went away, or a unary call cancelled (or timed out) by its client while
+/// queued. A release still runs: a session's release is queued with nobody waiting
+/// (`mod.rs`), and a value left behind would hold its memory for good.
+fn nobody_waits(job: &Job) -> bool {
+    match &job.reply {
+        Some(ReplyTo::Stream(stream)) => stream.is_abandoned(),
+        Some(ReplyTo::Call(sender)) => sender.is_closed() && job.request.runs_code(),
+        None => false,
     }
 }
 

@@ -119,8 +119,8 @@ impl Callee {
     }
 
     /// Runs one call with an optional deadline. The deadline is both sent (`grpc-timeout`,
-    /// so the server can give up too) and enforced here, so a server that never answers
-    /// still fails the call on time.
+    /// so the server gives up too, and first: see [`answer_grace`]) and enforced here, so
+    /// a server that never answers still fails the call, at most [`answer_grace`] late.
     pub async fn call<Req, Resp, F, Fut>(
         &self,
         method: &str,
@@ -145,7 +145,7 @@ impl Callee {
             None => send(request).await,
             Some(limit) => {
                 request.set_timeout(limit);
-                match tokio::time::timeout(limit, send(request)).await {
+                match tokio::time::timeout(limit + answer_grace(limit), send(request)).await {
                     Ok(result) => result,
                     Err(_) => return Err(late(limit)),
                 }
@@ -158,6 +158,19 @@ impl Callee {
             }
         })
     }
+}
+
+/// How much longer than a call's deadline this client waits for the server's own answer to
+/// it. The server is sent the deadline (`grpc-timeout`) and gives up at it: it drops the
+/// call's work first (a queued unary closure is withdrawn, never to run) and answers after.
+/// Waiting a little past the deadline lets that answer win, so a call that failed its
+/// deadline is, whenever the server could answer at all, one the server has let go of; had
+/// the local timer fired first, the server would learn of it only from the stream's reset
+/// a moment later, and a closure queued behind a finishing one could still start. The
+/// local timer stays, for a server that cannot answer. A tenth of the deadline, at least
+/// 5 ms (a loaded host's scheduling delay) and at most 1 s.
+fn answer_grace(limit: Duration) -> Duration {
+    (limit / 10).clamp(Duration::from_millis(5), Duration::from_secs(1))
 }
 
 /// Whether `status` is a tonic server ending the call at the `grpc-timeout` this client
@@ -222,6 +235,35 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(e, RpcError::Cancelled(_)), "{e:?}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_just_past_the_deadline_is_waited_for_and_a_silent_server_is_not() {
+        let callee = Callee::new(&PEER, "127.0.0.1:1".into(), 1 << 20);
+        let limit = Duration::from_millis(500);
+        assert_eq!(answer_grace(limit), Duration::from_millis(50));
+        assert_eq!(
+            answer_grace(Duration::from_millis(1)),
+            Duration::from_millis(5)
+        );
+        assert_eq!(
+            answer_grace(Duration::from_secs(60)),
+            Duration::from_secs(1)
+        );
+        // The server's answer at its own deadline, a hair after ours, is the one returned.
+        let late = callee.call("Ping", Some(limit), (), |_| async move {
+            tokio::time::sleep(limit + Duration::from_millis(1)).await;
+            Ok(tonic::Response::new(7))
+        });
+        assert_eq!(late.await.unwrap(), 7);
+        // A server that never answers fails the call, and not before the grace ran out.
+        let started = std::time::Instant::now();
+        let silent = callee.call("Ping", Some(limit), (), |_| {
+            std::future::pending::<Result<tonic::Response<()>, tonic::Status>>()
+        });
+        let e = silent.await.unwrap_err();
+        assert!(matches!(e, RpcError::DeadlineExceeded(_)), "{e:?}");
+        assert!(started.elapsed() >= limit + answer_grace(limit));
     }
 
     #[test]

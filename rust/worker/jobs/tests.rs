@@ -62,6 +62,39 @@ fn a_dropped_job_answers_internal_and_frees_the_executor() {
 }
 
 #[test]
+fn a_closure_whose_caller_went_away_leaves_the_count_at_once_and_never_starts() {
+    let q = queue();
+    let _running = q.push(run_request(1)).unwrap();
+    let Pop::Job(first) = q.pop(Duration::ZERO) else {
+        panic!("expected a job")
+    };
+    let cancelled = q.push(run_request(2)).unwrap();
+    let _waited = q.push(run_request(3)).unwrap();
+    let release = q
+        .push(JobRequest::ReleaseResource {
+            resource_ids: vec![1],
+        })
+        .unwrap();
+    assert_eq!(q.depth(), (3, 1));
+    // The callers of closure 2 and of the release stop waiting (a deadline, a reset).
+    drop(cancelled);
+    drop(release);
+    assert_eq!(
+        q.depth(),
+        (2, 1),
+        "the release still runs; closure 2 never will"
+    );
+    first.reply_status(Status::internal("done"));
+    let Pop::Job(next) = q.pop(Duration::ZERO) else {
+        panic!("expected a job")
+    };
+    assert!(matches!(
+        next.request(),
+        JobRequest::Run { closure_id: 3, .. }
+    ));
+}
+
+#[test]
 fn draining_hands_back_queued_closures_but_keeps_releases() {
     let q = queue();
     let mut run = q.push(run_request(1)).unwrap();
