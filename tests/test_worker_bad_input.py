@@ -134,3 +134,17 @@ def test_rejections_are_counted(worker: WorkerProc) -> None:
     with pytest.raises(InvalidArgumentError):
         client.run_closure(b"short")
     assert client.get_status()["rejected_requests"] == before + 1
+
+
+def test_an_absurdly_long_timeout_waits_as_long_as_any_wait_without_a_panic(
+    worker: WorkerProc,
+) -> None:
+    """A finite timeout past what a clock or gRPC's header holds (1e12 s, 1e30 s, 1e300 s)
+    is taken as the longest wait (about 3,170 years); before, converting it to a deadline
+    panicked (pyo3's PanicException, not even an Exception)."""
+    client = worker.client()
+    for long in (1e12, 1e30, 1e300):
+        assert client.get_status(timeout=long)["state"] == "serving"
+    with pytest.raises(ValueError, match="not a valid timeout"):
+        client.get_status(timeout=float("nan"))
+    still_serving(client)

@@ -10,11 +10,20 @@ use pyo3::pybacked::PyBackedBytes;
 use crate::rpc::server::connections::ServerLimits;
 use crate::rpc::ClientConfig;
 
-/// Converts a Python timeout in seconds (`None`: no limit) to a `Duration`.
+/// The longest time in seconds a binding waits (about 3,170 years): longer than any real
+/// wait, and within what every consumer of a deadline holds (tonic's `grpc-timeout` header
+/// panics past 99,999,999 hours, `Instant + Duration` past the clock's range). A longer
+/// finite time is taken as this one, which is what it means in practice: forever.
+pub(crate) const LONGEST_SECONDS: f64 = 1e11;
+
+/// Converts a Python timeout in seconds (`None`: no limit) to a `Duration`, at most
+/// [`LONGEST_SECONDS`].
 pub(crate) fn duration(seconds: Option<f64>, what: &str) -> PyResult<Option<Duration>> {
     match seconds {
         None => Ok(None),
-        Some(s) if s.is_finite() && s >= 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(s) if s.is_finite() && s >= 0.0 => {
+            Ok(Some(Duration::from_secs_f64(s.min(LONGEST_SECONDS))))
+        }
         Some(s) => Err(PyValueError::new_err(format!(
             "{what}={s} is not a valid timeout; expected a non-negative number of seconds or None"
         ))),

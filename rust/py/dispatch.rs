@@ -507,6 +507,8 @@ fn bound(seconds: Option<f64>, what: &str) -> PyResult<Option<Option<std::time::
     match seconds {
         None => Ok(None),
         Some(s) if s == f64::INFINITY => Ok(Some(None)),
+        // Longer than anything a clock holds is no bound either.
+        Some(s) if s > super::convert::LONGEST_SECONDS => Ok(Some(None)),
         Some(s) if s.is_finite() && s > 0.0 => {
             Ok(Some(Some(std::time::Duration::from_secs_f64(s))))
         }

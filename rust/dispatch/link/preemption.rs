@@ -45,6 +45,18 @@ pub(super) struct Noticed {
     pub deadline: Option<Instant>,
 }
 
+/// When a notice's deadline (seconds since the Unix epoch) falls on this process's clock;
+/// `None` when the notice gives none (0) or one no clock holds (NaN, infinite, centuries
+/// away): a worker's report is input, and an absurd deadline is treated as unknown rather
+/// than allowed to panic the link.
+fn local_deadline(deadline_unix_seconds: f64, now_unix: f64) -> Option<Instant> {
+    if deadline_unix_seconds.is_nan() || deadline_unix_seconds <= 0.0 {
+        return None;
+    }
+    let left = Duration::try_from_secs_f64((deadline_unix_seconds - now_unix).max(0.0)).ok()?;
+    Instant::now().checked_add(left)
+}
+
 impl<T: WorkerTransport> Link<T> {
     /// Acts on `notice` the first time this worker process reports one (see the module
     /// documentation); later reports change nothing.
@@ -52,9 +64,7 @@ impl<T: WorkerTransport> Link<T> {
         if self.notice.is_some() {
             return;
         }
-        let left = notice.deadline_unix_seconds - unix_now();
-        let deadline = (notice.deadline_unix_seconds > 0.0)
-            .then(|| Instant::now() + Duration::from_secs_f64(left.max(0.0)));
+        let deadline = local_deadline(notice.deadline_unix_seconds, unix_now());
         self.notice = Some(Noticed {
             notice: notice.clone(),
             deadline,
@@ -152,7 +162,24 @@ impl<T: WorkerTransport> Link<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::{preempted_before, PREEMPTED_EXIT};
+    use super::{local_deadline, preempted_before, PREEMPTED_EXIT};
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_notice_deadline_is_local_time_or_unknown_never_a_panic() {
+        let now = 1_800_000_000.0;
+        let soon = local_deadline(now + 30.0, now).unwrap();
+        let left = soon.saturating_duration_since(Instant::now());
+        assert!(
+            left > Duration::from_secs(29) && left <= Duration::from_secs(30),
+            "{left:?}"
+        );
+        let past = local_deadline(now - 5.0, now).unwrap();
+        assert!(past <= Instant::now());
+        for absurd in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
+            assert!(local_deadline(absurd, now).is_none(), "{absurd}");
+        }
+    }
 
     #[test]
     fn only_a_preempted_previous_exit_names_a_source() {

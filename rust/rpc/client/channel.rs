@@ -145,7 +145,9 @@ impl Callee {
             None => send(request).await,
             Some(limit) => {
                 request.set_timeout(limit);
-                match tokio::time::timeout(limit + answer_grace(limit), send(request)).await {
+                match tokio::time::timeout(limit.saturating_add(answer_grace(limit)), send(request))
+                    .await
+                {
                     Ok(result) => result,
                     Err(_) => return Err(late(limit)),
                 }
