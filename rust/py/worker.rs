@@ -222,10 +222,14 @@ impl PyWorkerServer {
                 self.inner.status().worker_index,
             );
         }
-        if let Some(logging) = self.inner.take_drain_log() {
+        let logging = self.inner.take_pending_logs();
+        if !logging.is_empty() {
             // Bounded: a log line is not worth holding up a shutdown for.
-            let _ = block_detached(py, async {
-                tokio::time::timeout(std::time::Duration::from_secs(1), logging).await
+            block_detached(py, async {
+                let until = tokio::time::Instant::now() + std::time::Duration::from_secs(1);
+                for task in logging {
+                    let _ = tokio::time::timeout_at(until, task).await;
+                }
             })?;
         }
         if let Some(task) = self.inner.stop_serving() {

@@ -165,9 +165,10 @@ pub struct WorkerServer {
     serving: Serving,
     local_addr: SocketAddr,
     state: Arc<WorkerState>,
-    /// The task logging that draining began, so a shutdown can let it finish before the
-    /// process exits (it needs the GIL, which the caller holds while the drain begins).
-    drain_log: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The tasks logging that draining began and that a preemption notice arrived, so a
+    /// shutdown can let them finish before the process exits (each needs the GIL, which
+    /// the caller holds while the drain begins; a task not awaited can lose its line).
+    pending_logs: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl From<BindError> for WorkerError {
@@ -261,7 +262,7 @@ impl WorkerServer {
             serving: Serving::spawn(router, listener, &limits, connections),
             local_addr,
             state,
-            drain_log: std::sync::Mutex::new(None),
+            pending_logs: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -306,10 +307,7 @@ impl WorkerServer {
                      back, {inflight} running to finish",
                 );
             });
-            *self
-                .drain_log
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
+            self.keep_log(task);
         }
         true
     }
@@ -335,7 +333,7 @@ impl WorkerServer {
             if let Ok(runtime) = crate::runtime::runtime() {
                 // INFO, as the drain's own line: the coordinators warn (naming the worker),
                 // and a LocalCluster stopping its workers with SIGTERM stays quiet.
-                runtime.spawn(async move {
+                let task = runtime.spawn(async move {
                     tracing::info!(
                         target: crate::log_target::WORKER,
                         source = source.as_str(),
@@ -344,6 +342,7 @@ impl WorkerServer {
                         when,
                     );
                 });
+                self.keep_log(task);
             }
         }
         self.begin_shutdown();
@@ -355,13 +354,21 @@ impl WorkerServer {
         self.state.preemption.notice().cloned()
     }
 
-    /// The task logging that draining began, once (see [`Self::begin_shutdown`]): await it
-    /// without the GIL before the process may exit, or the line can be lost.
-    pub fn take_drain_log(&self) -> Option<tokio::task::JoinHandle<()>> {
-        self.drain_log
+    /// The tasks logging the drain and the preemption notice (see [`Self::begin_shutdown`],
+    /// [`Self::preempt`]), once: await them without the GIL before the process may exit,
+    /// or a line can be lost.
+    pub fn take_pending_logs(&self) -> Vec<tokio::task::JoinHandle<()>> {
+        std::mem::take(&mut *self.lock_logs())
+    }
+
+    fn keep_log(&self, task: tokio::task::JoinHandle<()>) {
+        self.lock_logs().push(task);
+    }
+
+    fn lock_logs(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
+        self.pending_logs
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
     }
 
     /// Whether shutdown has begun.
