@@ -1,6 +1,6 @@
 //! [`ResultCell`]: where a closure's outcome lands, once, and where callers wait for it.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -8,6 +8,7 @@ use bytes::Bytes;
 
 use super::cell_watch::CellWatch;
 use super::failure::ClosureFailure;
+use crate::spin::Spin;
 
 /// A Python value as it crosses the wire: a pickle stream plus its out-of-band buffers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -82,7 +83,12 @@ pub struct ResultCell {
     /// The index of the worker whose answer settled the cell ([`NO_WORKER`] until then):
     /// where a kept result lives.
     worker: AtomicUsize,
+    /// Whether `state.outcome` is set, readable without the lock: what a waiter spins on.
+    settled_flag: AtomicBool,
 }
+
+/// Where a thread waiting for a closure's outcome (`fetch()`) spins before it parks.
+static FETCH_SPIN: Spin = Spin::configured();
 
 impl ResultCell {
     /// A not-ready cell for closure `id`, scheduled now.
@@ -97,6 +103,7 @@ impl ResultCell {
             }),
             settled: Condvar::new(),
             worker: AtomicUsize::new(NO_WORKER),
+            settled_flag: AtomicBool::new(false),
         }
     }
 
@@ -166,9 +173,20 @@ impl ResultCell {
         every: Duration,
         check: &mut dyn FnMut() -> bool,
     ) -> Result<bool, Interrupted> {
+        // An answer due within the spin budget is caught spinning, saving the wake-up.
+        let mut parked_since = None;
+        if !self.settled_flag.load(Ordering::Acquire) {
+            let spun = Instant::now();
+            if !FETCH_SPIN.until(deadline, || self.settled_flag.load(Ordering::Acquire)) {
+                parked_since = Some(spun);
+            }
+        }
         let mut state = self.lock();
         loop {
             if state.outcome.is_some() {
+                if let Some(spun) = parked_since {
+                    FETCH_SPIN.ended_after(spun.elapsed());
+                }
                 return Ok(true);
             }
             let now = Instant::now();
@@ -200,6 +218,7 @@ impl ResultCell {
             return false;
         }
         state.outcome = Some(outcome);
+        self.settled_flag.store(true, Ordering::Release);
         let wake = state.waiters > 0;
         let watches = std::mem::take(&mut state.watches);
         drop(state);

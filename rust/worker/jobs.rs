@@ -22,6 +22,7 @@
 //! sleepers are counted and producers notify only when there is one.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -31,6 +32,7 @@ use tonic::Status;
 use super::stats::Stats;
 use super::stream::ClosureStream;
 use crate::rpc::wire::session::SessionId;
+use crate::spin::Spin;
 
 mod job;
 
@@ -65,12 +67,18 @@ struct State {
     sleepers: usize,
 }
 
+/// Where the executor spins for its next job before it parks (one executor per process).
+static EXECUTOR_SPIN: Spin = Spin::configured();
+
 /// FIFO of jobs between RPC handlers and the single executor thread.
 pub struct JobQueue {
     state: Mutex<State>,
     changed: Condvar,
     stats: Arc<Stats>,
     worker_index: i64,
+    /// Counts the changes that wake the executor, readable without the lock: what the
+    /// executor spins on before it parks.
+    changes: AtomicU64,
     /// Turns `true` when draining begins, for async readers (the streams' request
     /// readers stop reading then, so open streams end and shutdown can complete).
     drain_signal: tokio::sync::watch::Sender<bool>,
@@ -84,6 +92,7 @@ impl JobQueue {
             changed: Condvar::new(),
             stats,
             worker_index,
+            changes: AtomicU64::new(0),
             drain_signal: tokio::sync::watch::Sender::new(false),
         }
     }
@@ -248,6 +257,7 @@ impl JobQueue {
 
     /// Releases `state` and wakes the executor if it sleeps.
     fn wake(&self, state: MutexGuard<'_, State>) {
+        self.changes.fetch_add(1, Ordering::Release);
         let sleeping = state.sleepers > 0;
         drop(state);
         if sleeping {
@@ -296,12 +306,45 @@ impl JobQueue {
     fn pop_waiting(self: &Arc<Self>, timeout: Duration, while_draining: bool) -> Pop {
         let deadline = Instant::now() + timeout;
         let mut state = self.lock();
+        // Whether this wait has spun, and when a spin that saw nothing began (the whole
+        // wait is reported once a job comes: it tells the spin what budget would do).
+        let mut spun = false;
+        let mut parked_since: Option<Instant> = None;
         loop {
             if let Some(pop) = self.take_next(&mut state) {
+                if let (Pop::Job(_), Some(since)) = (&pop, parked_since) {
+                    EXECUTOR_SPIN.ended_after(since.elapsed());
+                }
                 return pop;
             }
             if state.draining && !while_draining {
                 return Pop::Drained;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Pop::Empty;
+            }
+            if !spun {
+                // The next closure of a serial loop comes one round trip after the last
+                // answer: caught spinning, it saves the executor's wake-up. Only a change
+                // makes it look again, as only a change wakes a sleeper (a look costs a
+                // lease's acknowledgement request while none is valid).
+                spun = true;
+                let began = Instant::now();
+                let seen = self.changes.load(Ordering::Acquire);
+                drop(state);
+                let changed = EXECUTOR_SPIN.until(Some(deadline), || {
+                    self.changes.load(Ordering::Acquire) != seen
+                });
+                state = self.lock();
+                if !changed {
+                    parked_since = Some(began);
+                }
+                // Changes are counted under the lock: none slips between this look and
+                // the sleep.
+                if self.changes.load(Ordering::Acquire) != seen {
+                    continue;
+                }
             }
             let now = Instant::now();
             if now >= deadline {

@@ -1,0 +1,292 @@
+//! Bounded, adaptive spinning before a thread parks.
+//!
+//! A serial round trip wakes a parked thread at each hand-off, and on a busy or virtual
+//! machine a futex wake-up costs tens of microseconds before the woken thread runs. Two of
+//! those hand-offs end in a thread that expects its answer soon: the coordinator's thread
+//! in `fetch()` right after `schedule()`, and a worker's executor right after it answered
+//! (the next closure of a serial loop follows one round trip later). Those threads watch a
+//! flag for a short, bounded while before they park, as glibc's adaptive mutexes and Go's
+//! scheduler do.
+//!
+//! The bound adapts, per site: a spin that saw its flag keeps the full budget; one that
+//! gave up halves it, and at the floor the site stops spinning for [`REST_CALLS`] waits
+//! before it tries again. So a waiter whose answers take milliseconds (a real closure, an
+//! idle worker's poll) soon parks at once, and the CPU a spin can cost is bounded by the
+//! budget times the rate of waits. `JAXCLUSTER_SPIN_US` sets the budget in microseconds
+//! (default [`DEFAULT_BUDGET_US`]; `0` turns spinning off).
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The default spin budget, in microseconds: a little more than one loopback round trip of
+/// a trivial closure on a quiet machine, so a serial loop's answers are caught spinning.
+pub const DEFAULT_BUDGET_US: u64 = 50;
+
+/// The environment variable that sets the budget in microseconds (`0`: never spin).
+pub const BUDGET_ENV: &str = "JAXCLUSTER_SPIN_US";
+
+/// How many waits a site that gave up at its floor parks at once before it spins again.
+pub const REST_CALLS: u32 = 64;
+
+/// Spins of `spin_loop` between two looks at the clock and, after the first rounds, a
+/// `yield_now`: on a machine with fewer cores than runnable threads the yield lets the
+/// thread that sets the flag run.
+const SPINS_PER_ROUND: u32 = 64;
+
+/// Rounds of pure spinning before each round also yields the core.
+const ROUNDS_BEFORE_YIELD: u32 = 4;
+
+/// The budget from [`BUDGET_ENV`], read once per process.
+pub fn configured_budget() -> Duration {
+    static BUDGET: OnceLock<Duration> = OnceLock::new();
+    *BUDGET.get_or_init(|| {
+        let micros = std::env::var(BUDGET_ENV)
+            .ok()
+            .and_then(|text| text.trim().parse::<u64>().ok())
+            .unwrap_or(DEFAULT_BUDGET_US);
+        Duration::from_micros(micros.min(10_000))
+    })
+}
+
+/// One place that spins before it parks, with its own adaptive budget.
+#[derive(Debug)]
+pub struct Spin {
+    /// The full budget, in nanoseconds; `u64::MAX` until first used (then the configured
+    /// budget), so a `static` site can be built in a `const`.
+    full_ns: AtomicU64,
+    /// The current budget, in nanoseconds (`0`: resting).
+    budget_ns: AtomicU64,
+    /// Waits left to park at once while resting.
+    rest: AtomicU32,
+}
+
+/// How many nanoseconds "not read yet" is stored as.
+const UNSET: u64 = u64::MAX;
+
+impl Spin {
+    /// A site using [`configured_budget`], read on first use.
+    pub const fn configured() -> Self {
+        Self {
+            full_ns: AtomicU64::new(UNSET),
+            budget_ns: AtomicU64::new(UNSET),
+            rest: AtomicU32::new(0),
+        }
+    }
+
+    /// A site with budget `full` (tests, benches).
+    pub fn with_budget(full: Duration) -> Self {
+        let ns = nanos(full);
+        Self {
+            full_ns: AtomicU64::new(ns),
+            budget_ns: AtomicU64::new(ns),
+            rest: AtomicU32::new(0),
+        }
+    }
+
+    /// Spins until `ready()` holds or the current budget is spent, never past `deadline`;
+    /// returns whether `ready()` held. The caller parks as usual when it did not.
+    pub fn until(&self, deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> bool {
+        let budget = self.budget();
+        if budget == 0 {
+            return ready();
+        }
+        let start = Instant::now();
+        let mut stop = start + Duration::from_nanos(budget);
+        if let Some(deadline) = deadline {
+            stop = stop.min(deadline);
+        }
+        let mut rounds = 0u32;
+        loop {
+            for _ in 0..SPINS_PER_ROUND {
+                if ready() {
+                    self.saw_it();
+                    return true;
+                }
+                std::hint::spin_loop();
+            }
+            if Instant::now() >= stop {
+                let seen = ready();
+                if seen {
+                    self.saw_it();
+                } else {
+                    self.gave_up();
+                }
+                return seen;
+            }
+            rounds += 1;
+            if rounds > ROUNDS_BEFORE_YIELD {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// The budget for this wait in nanoseconds (0: park at once), counting down a rest.
+    fn budget(&self) -> u64 {
+        let mut full = self.full_ns.load(Ordering::Relaxed);
+        if full == UNSET {
+            full = nanos(configured_budget());
+            self.full_ns.store(full, Ordering::Relaxed);
+            let _ =
+                self.budget_ns
+                    .compare_exchange(UNSET, full, Ordering::Relaxed, Ordering::Relaxed);
+        }
+        if full == 0 {
+            return 0;
+        }
+        let budget = self.budget_ns.load(Ordering::Relaxed);
+        if budget != 0 {
+            return budget;
+        }
+        // Resting: park at once, until the rest is over; then try again at the floor.
+        let left = self.rest.load(Ordering::Relaxed);
+        if left > 0 {
+            self.rest.store(left - 1, Ordering::Relaxed);
+            return 0;
+        }
+        floor(full)
+    }
+
+    fn saw_it(&self) {
+        let full = self.full_ns.load(Ordering::Relaxed);
+        self.budget_ns.store(full, Ordering::Relaxed);
+        self.rest.store(0, Ordering::Relaxed);
+    }
+
+    fn gave_up(&self) {
+        let full = self.full_ns.load(Ordering::Relaxed);
+        let halved = self.budget_ns.load(Ordering::Relaxed).min(full) / 2;
+        if halved < floor(full) {
+            self.budget_ns.store(0, Ordering::Relaxed);
+            self.rest.store(REST_CALLS, Ordering::Relaxed);
+        } else {
+            self.budget_ns.store(halved, Ordering::Relaxed);
+        }
+    }
+
+    /// The wait that spun in vain ended, `waited` after the spin began: had the budget
+    /// been full, a spin would have seen it when `waited` is within it, so the site gets
+    /// its full budget back (a spin that gave up only says its budget was short, not that
+    /// the waits are long).
+    pub fn ended_after(&self, waited: Duration) {
+        let full = self.full_ns.load(Ordering::Relaxed);
+        if full != UNSET && nanos(waited) <= full {
+            self.saw_it();
+        }
+    }
+
+    /// The current budget (tests, metrics): zero while resting.
+    pub fn current_budget(&self) -> Duration {
+        match self.budget_ns.load(Ordering::Relaxed) {
+            UNSET => configured_budget(),
+            ns => Duration::from_nanos(ns),
+        }
+    }
+}
+
+/// The smallest budget a site spins with: an eighth of the full one.
+fn floor(full: u64) -> u64 {
+    (full / 8).max(1)
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX - 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_flag_set_while_spinning_is_seen_and_keeps_the_full_budget() {
+        let spin = Spin::with_budget(Duration::from_millis(200));
+        let flag = Arc::new(AtomicBool::new(false));
+        let setter = {
+            let flag = Arc::clone(&flag);
+            std::thread::spawn(move || flag.store(true, Ordering::Release))
+        };
+        assert!(spin.until(None, || flag.load(Ordering::Acquire)));
+        setter.join().unwrap();
+        assert_eq!(spin.current_budget(), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn giving_up_halves_the_budget_then_rests_then_tries_again() {
+        let spin = Spin::with_budget(Duration::from_micros(80));
+        let started = Instant::now();
+        assert!(!spin.until(None, || false));
+        assert!(started.elapsed() >= Duration::from_micros(80));
+        assert_eq!(spin.current_budget(), Duration::from_micros(40));
+        assert!(!spin.until(None, || false));
+        assert_eq!(spin.current_budget(), Duration::from_micros(20));
+        assert!(!spin.until(None, || false));
+        assert_eq!(spin.current_budget(), Duration::from_micros(10));
+        assert!(!spin.until(None, || false));
+        // Under the floor (an eighth): resting, each wait parks at once without spinning.
+        assert_eq!(spin.current_budget(), Duration::ZERO);
+        let mut looks = 0;
+        for _ in 0..REST_CALLS {
+            assert!(!spin.until(None, || {
+                looks += 1;
+                false
+            }));
+        }
+        assert_eq!(looks, REST_CALLS, "a resting site looks once and parks");
+        // Rested: it spins again at the floor, and a success restores the full budget.
+        let mut looks = 0;
+        assert!(spin.until(None, || {
+            looks += 1;
+            looks > 3
+        }));
+        assert_eq!(spin.current_budget(), Duration::from_micros(80));
+    }
+
+    #[test]
+    fn a_wait_that_ended_within_the_full_budget_restores_it_and_a_longer_one_does_not() {
+        let spin = Spin::with_budget(Duration::from_micros(80));
+        for _ in 0..4 {
+            assert!(!spin.until(None, || false));
+        }
+        assert_eq!(spin.current_budget(), Duration::ZERO, "resting");
+        spin.ended_after(Duration::from_micros(500));
+        assert_eq!(
+            spin.current_budget(),
+            Duration::ZERO,
+            "a long wait: still resting"
+        );
+        spin.ended_after(Duration::from_micros(60));
+        assert_eq!(spin.current_budget(), Duration::from_micros(80));
+        let mut looks = 0;
+        assert!(spin.until(None, || {
+            looks += 1;
+            looks > 1
+        }));
+        assert!(looks > 1, "it spins again at once, with no rest left");
+    }
+
+    #[test]
+    fn a_spin_never_passes_the_deadline() {
+        let spin = Spin::with_budget(Duration::from_secs(10));
+        let started = Instant::now();
+        assert!(!spin.until(Some(started + Duration::from_millis(5)), || false));
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "spun past the deadline"
+        );
+    }
+
+    #[test]
+    fn a_zero_budget_never_spins() {
+        let spin = Spin::with_budget(Duration::ZERO);
+        let mut looks = 0;
+        for _ in 0..10 {
+            assert!(!spin.until(None, || {
+                looks += 1;
+                false
+            }));
+        }
+        assert_eq!(looks, 10);
+    }
+}
