@@ -72,6 +72,9 @@ _ENV_MEANING: dict[str, str] = {
     "(default INFO; `LocalCluster` sets WARNING).",
     "JAXCLUSTER_MALLOC_TUNING": "`0` turns off the glibc allocator tuning tasks and "
     "coordinators apply (freed message buffers stay mapped).",
+    "JAXCLUSTER_SPIN_US": "Microseconds the thread in `fetch()` and a worker's executor spin "
+    "for an answer or the next closure before they park (adaptive; 0: never). Default 500 "
+    "where the process may use at least 8 cores, else 0.",
     "JAXCLUSTER_PREVIOUS_EXIT": "Set by a supervisor (`LocalCluster`, `jaxcluster worker "
     "--slice-size`): how the task's previous process ended, reported in `WorkerCrashedError`.",
 }

@@ -10,18 +10,29 @@
 //!
 //! The bound adapts, per site: a spin that saw its flag keeps the full budget; one that
 //! gave up halves it, and at the floor the site stops spinning for [`REST_CALLS`] waits
-//! before it tries again. So a waiter whose answers take milliseconds (a real closure, an
-//! idle worker's poll) soon parks at once, and the CPU a spin can cost is bounded by the
-//! budget times the rate of waits. `JAXCLUSTER_SPIN_US` sets the budget in microseconds
-//! (default [`DEFAULT_BUDGET_US`]; `0` turns spinning off).
+//! before it tries again; a wait that ended within the full budget after all restores it.
+//! So a waiter whose answers take milliseconds (a real closure, an idle worker's poll)
+//! soon parks at once, and the CPU a spin can cost is bounded by the budget times the rate
+//! of waits.
+//!
+//! Spinning pays only where a core is free for the spinner: on a 2-core machine running a
+//! coordinator and two workers a 500 µs budget took a serial round trip's p50 from 467-514
+//! µs to 317-331 µs, but with Ray's processes busy beside it the tail got worse
+//! (`docs/benchmarks.md`). So it is on by default only where the process may use at least
+//! [`MIN_CORES_TO_SPIN`] cores. `JAXCLUSTER_SPIN_US` sets the budget in microseconds
+//! either way (`0` turns spinning off).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The default spin budget, in microseconds: a little more than one loopback round trip of
-/// a trivial closure on a quiet machine, so a serial loop's answers are caught spinning.
-pub const DEFAULT_BUDGET_US: u64 = 50;
+/// The default spin budget, in microseconds, where spinning is on: above a loopback round
+/// trip of a trivial closure, so a serial loop's answers are caught spinning.
+pub const DEFAULT_BUDGET_US: u64 = 500;
+
+/// The fewest cores (`available_parallelism`: affinity and cgroup quota included) with which
+/// spinning is on by default.
+pub const MIN_CORES_TO_SPIN: usize = 8;
 
 /// The environment variable that sets the budget in microseconds (`0`: never spin).
 pub const BUDGET_ENV: &str = "JAXCLUSTER_SPIN_US";
@@ -37,17 +48,38 @@ const SPINS_PER_ROUND: u32 = 64;
 /// Rounds of pure spinning before each round also yields the core.
 const ROUNDS_BEFORE_YIELD: u32 = 4;
 
-/// The budget from [`BUDGET_ENV`], read once per process.
+/// The budget from [`BUDGET_ENV`], else by the cores this process may use; read once per
+/// process.
 pub fn configured_budget() -> Duration {
     static BUDGET: OnceLock<Duration> = OnceLock::new();
     *BUDGET.get_or_init(|| {
-        let micros = std::env::var(BUDGET_ENV)
-            .ok()
-            .and_then(|text| text.trim().parse::<u64>().ok())
-            .unwrap_or(DEFAULT_BUDGET_US);
-        Duration::from_micros(micros.min(10_000))
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        budget_for(std::env::var(BUDGET_ENV).ok().as_deref(), cores)
     })
 }
+
+/// The budget [`BUDGET_ENV`]'s value `set` (if any) gives on a machine of `cores`. A value
+/// that is not a whole number of microseconds is ignored (with a warning), as unset.
+fn budget_for(set: Option<&str>, cores: usize) -> Duration {
+    if let Some(text) = set {
+        if let Ok(micros) = text.trim().parse::<u64>() {
+            return Duration::from_micros(micros.min(MAX_BUDGET_US));
+        }
+        tracing::warn!(
+            target: crate::log_target::DISPATCH,
+            "{BUDGET_ENV}={text:?} is not a whole number of microseconds; using the default \
+             spin budget"
+        );
+    }
+    if cores >= MIN_CORES_TO_SPIN {
+        Duration::from_micros(DEFAULT_BUDGET_US)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// The longest budget [`BUDGET_ENV`] may set: 10 ms.
+const MAX_BUDGET_US: u64 = 10_000;
 
 /// One place that spins before it parks, with its own adaptive budget.
 #[derive(Debug)]
@@ -85,17 +117,20 @@ impl Spin {
     }
 
     /// Spins until `ready()` holds or the current budget is spent, never past `deadline`;
-    /// returns whether `ready()` held. The caller parks as usual when it did not.
+    /// returns whether `ready()` held. The caller parks as usual when it did not. A spin the
+    /// deadline cut short says nothing of the budget (a poll with a zero timeout is not a
+    /// wait that outlasted it).
     pub fn until(&self, deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> bool {
         let budget = self.budget();
         if budget == 0 {
             return ready();
         }
         let start = Instant::now();
-        let mut stop = start + Duration::from_nanos(budget);
-        if let Some(deadline) = deadline {
-            stop = stop.min(deadline);
-        }
+        let own_stop = start + Duration::from_nanos(budget);
+        let (stop, cut_short) = match deadline {
+            Some(deadline) if deadline < own_stop => (deadline, true),
+            _ => (own_stop, false),
+        };
         let mut rounds = 0u32;
         loop {
             for _ in 0..SPINS_PER_ROUND {
@@ -109,7 +144,7 @@ impl Spin {
                 let seen = ready();
                 if seen {
                     self.saw_it();
-                } else {
+                } else if !cut_short {
                     self.gave_up();
                 }
                 return seen;
@@ -274,6 +309,25 @@ mod tests {
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "spun past the deadline"
+        );
+    }
+
+    #[test]
+    fn the_budget_is_on_by_default_only_with_enough_cores_and_the_variable_wins() {
+        assert_eq!(budget_for(None, 2), Duration::ZERO);
+        assert_eq!(
+            budget_for(None, MIN_CORES_TO_SPIN),
+            Duration::from_micros(DEFAULT_BUDGET_US)
+        );
+        assert_eq!(budget_for(Some("120"), 2), Duration::from_micros(120));
+        assert_eq!(budget_for(Some(" 0 "), 64), Duration::ZERO);
+        assert_eq!(
+            budget_for(Some("1e9"), 64),
+            Duration::from_micros(DEFAULT_BUDGET_US)
+        );
+        assert_eq!(
+            budget_for(Some("99999999"), 2),
+            Duration::from_micros(MAX_BUDGET_US)
         );
     }
 

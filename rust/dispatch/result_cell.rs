@@ -173,19 +173,30 @@ impl ResultCell {
         every: Duration,
         check: &mut dyn FnMut() -> bool,
     ) -> Result<bool, Interrupted> {
-        // An answer due within the spin budget is caught spinning, saving the wake-up.
+        self.wait_spinning(&FETCH_SPIN, deadline, every, check)
+    }
+
+    /// [`wait_interruptible`](Self::wait_interruptible), spinning at `spin` first: an
+    /// answer due within its budget is caught spinning, saving the wake-up.
+    fn wait_spinning(
+        &self,
+        spin: &Spin,
+        deadline: Option<Instant>,
+        every: Duration,
+        check: &mut dyn FnMut() -> bool,
+    ) -> Result<bool, Interrupted> {
         let mut parked_since = None;
         if !self.settled_flag.load(Ordering::Acquire) {
-            let spun = Instant::now();
-            if !FETCH_SPIN.until(deadline, || self.settled_flag.load(Ordering::Acquire)) {
-                parked_since = Some(spun);
+            let began = Instant::now();
+            if !spin.until(deadline, || self.settled_flag.load(Ordering::Acquire)) {
+                parked_since = Some(began);
             }
         }
         let mut state = self.lock();
         loop {
             if state.outcome.is_some() {
-                if let Some(spun) = parked_since {
-                    FETCH_SPIN.ended_after(spun.elapsed());
+                if let Some(began) = parked_since {
+                    spin.ended_after(began.elapsed());
                 }
                 return Ok(true);
             }
@@ -288,5 +299,43 @@ mod tests {
         let result = cell.wait_interruptible(deadline, Duration::from_millis(1), &mut check);
         assert_eq!(result, Err(Interrupted));
         assert_eq!(calls, 2);
+    }
+
+    /// Cells settled at random moments around the spin budget (caught spinning, after the
+    /// waiter parked, between the two): every waiter sees its outcome, none waits for a
+    /// poll (the slice is an hour).
+    #[test]
+    fn a_spinning_waiter_sees_every_outcome_whenever_it_lands() {
+        use rand::Rng;
+        let spin = Arc::new(Spin::with_budget(Duration::from_micros(200)));
+        let waiters: Vec<_> = (0..8)
+            .map(|_| {
+                let spin = Arc::clone(&spin);
+                std::thread::spawn(move || {
+                    let mut rng = rand::rng();
+                    for id in 0..150 {
+                        let cell = Arc::new(ResultCell::new(id));
+                        let settler = {
+                            let cell = Arc::clone(&cell);
+                            let pause = Duration::from_micros(rng.random_range(0..400));
+                            std::thread::spawn(move || {
+                                std::thread::sleep(pause);
+                                cell.settle(Outcome::Cancelled("done".into()));
+                            })
+                        };
+                        let mut never = || false;
+                        let deadline = Some(Instant::now() + Duration::from_secs(60));
+                        let ended = cell
+                            .wait_spinning(&spin, deadline, Duration::from_secs(3600), &mut never)
+                            .unwrap();
+                        assert!(ended, "cell {id} settled but its waiter timed out");
+                        settler.join().unwrap();
+                    }
+                })
+            })
+            .collect();
+        for waiter in waiters {
+            waiter.join().unwrap();
+        }
     }
 }

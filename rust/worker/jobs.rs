@@ -67,9 +67,6 @@ struct State {
     sleepers: usize,
 }
 
-/// Where the executor spins for its next job before it parks (one executor per process).
-static EXECUTOR_SPIN: Spin = Spin::configured();
-
 /// FIFO of jobs between RPC handlers and the single executor thread.
 pub struct JobQueue {
     state: Mutex<State>,
@@ -79,6 +76,9 @@ pub struct JobQueue {
     /// Counts the changes that wake the executor, readable without the lock: what the
     /// executor spins on before it parks.
     changes: AtomicU64,
+    /// Where the executor spins for its next job before it parks: the queue's own, so its
+    /// budget learns this worker's round trips.
+    spin: Spin,
     /// Turns `true` when draining begins, for async readers (the streams' request
     /// readers stop reading then, so open streams end and shutdown can complete).
     drain_signal: tokio::sync::watch::Sender<bool>,
@@ -93,8 +93,16 @@ impl JobQueue {
             stats,
             worker_index,
             changes: AtomicU64::new(0),
+            spin: Spin::configured(),
             drain_signal: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// This queue with its executor spinning up to `budget` before it parks (tests).
+    #[cfg(test)]
+    pub(crate) fn with_spin(mut self, budget: Duration) -> Self {
+        self.spin = Spin::with_budget(budget);
+        self
     }
 
     /// Resolves once draining has begun.
@@ -313,7 +321,7 @@ impl JobQueue {
         loop {
             if let Some(pop) = self.take_next(&mut state) {
                 if let (Pop::Job(_), Some(since)) = (&pop, parked_since) {
-                    EXECUTOR_SPIN.ended_after(since.elapsed());
+                    self.spin.ended_after(since.elapsed());
                 }
                 return pop;
             }
@@ -333,7 +341,7 @@ impl JobQueue {
                 let began = Instant::now();
                 let seen = self.changes.load(Ordering::Acquire);
                 drop(state);
-                let changed = EXECUTOR_SPIN.until(Some(deadline), || {
+                let changed = self.spin.until(Some(deadline), || {
                     self.changes.load(Ordering::Acquire) != seen
                 });
                 state = self.lock();

@@ -148,3 +148,57 @@ fn a_draining_queue_still_takes_preemption_saves_for_an_executor_that_waits_for_
     assert_eq!(save.try_recv().unwrap().unwrap_err().message(), "read");
     assert!(matches!(q.pop(Duration::ZERO), Pop::Drained));
 }
+
+/// Producers push at random moments around the spin budget (some caught spinning, some
+/// after the executor parked, some while it takes the lock again) while the executor pops
+/// with spinning on: every job comes out exactly once, none waits for a poll.
+#[test]
+fn a_spinning_executor_takes_every_job_pushed_at_any_moment_exactly_once() {
+    use rand::Rng;
+    const PRODUCERS: u64 = 8;
+    const EACH: u64 = 150;
+    let q = Arc::new(JobQueue::new(Arc::default(), 0).with_spin(Duration::from_micros(200)));
+    let producers: Vec<_> = (0..PRODUCERS)
+        .map(|p| {
+            let q = Arc::clone(&q);
+            std::thread::spawn(move || {
+                let mut rng = rand::rng();
+                let mut replies = Vec::new();
+                for i in 0..EACH {
+                    std::thread::sleep(Duration::from_micros(rng.random_range(0..400)));
+                    replies.push(q.push(run_request(p * EACH + i + 1)).unwrap());
+                }
+                replies
+            })
+        })
+        .collect();
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen.len() < (PRODUCERS * EACH) as usize {
+        assert!(
+            Instant::now() < deadline,
+            "only {} jobs came out",
+            seen.len()
+        );
+        // A long timeout: a job pushed while the executor parks must wake it.
+        match q.pop(Duration::from_secs(30)) {
+            Pop::Job(job) => {
+                let JobRequest::Run { closure_id, .. } = job.request() else {
+                    panic!("not a run")
+                };
+                assert!(
+                    seen.insert(*closure_id),
+                    "closure {closure_id} came out twice"
+                );
+                job.reply_status(Status::internal("done"));
+            }
+            Pop::Empty => panic!("a queued job was not taken for 30 s"),
+            Pop::Busy | Pop::Drained => panic!("the queue is neither busy nor draining"),
+        }
+    }
+    for producer in producers {
+        for mut reply in producer.join().unwrap() {
+            assert!(reply.try_recv().is_ok(), "every job was answered");
+        }
+    }
+}
