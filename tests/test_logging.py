@@ -186,7 +186,10 @@ def test_nothing_is_printed_unless_logging_is_configured() -> None:
         "for h in logging.getLogger('jaxcluster').handlers)\n"
         "assert not logging.getLogger().handlers, 'the library configured the root logger'\n"
         "d = core.Dispatcher(['127.0.0.1:1'], recovery_timeout=0.3)\n"
-        "time.sleep(1.0)\n"  # first failure (a WARNING) and giving up (an ERROR) happen
+        # Waits for the first failure (a WARNING) and giving up (an ERROR) to happen.
+        "deadline = time.monotonic() + 60\n"
+        "while d.worker_statuses()[0]['state'] != 'given_up' and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
         "print(d.worker_statuses()[0]['state'])\n"
         "d.shutdown()\n"
     )
