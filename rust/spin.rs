@@ -16,9 +16,8 @@
 //! of waits.
 //!
 //! Spinning pays only where a core is free for the spinner: on a 2-core machine running a
-//! coordinator and two workers a 500 µs budget took a serial round trip's p50 from 467-514
-//! µs to 317-331 µs, but with Ray's processes busy beside it the tail got worse
-//! (`docs/benchmarks.md`). So it is on by default only where the process may use at least
+//! coordinator and two workers a 500 µs budget cut a serial round trip's p50 by 10-36%, but
+//! with other work on the cores its p99 rose (`docs/benchmarks.md`). So it is on by default only where the process may use at least
 //! [`MIN_CORES_TO_SPIN`] cores. `JAXCLUSTER_SPIN_US` sets the budget in microseconds
 //! either way (`0` turns spinning off).
 
