@@ -372,39 +372,37 @@ impl JobQueue {
         let now = Instant::now();
         let mut index = 0;
         while let Some(job) = state.jobs.get(index) {
-            let startable = match &job.reply {
-                _ if nobody_waits(job) => None,
-                // A leased stream's closures wait for its lease (see stream.rs); its
-                // other closures wait with them, so the stream's order is kept.
+            if nobody_waits(job) {
+                if let Some(mut dropped) = state.jobs.remove(index) {
+                    dropped.reply = None;
+                }
+                continue;
+            }
+            // A leased stream's closures wait for its lease (see stream.rs); its other
+            // closures wait with them, so the stream's order is kept.
+            let allowed = match &job.reply {
                 Some(ReplyTo::Stream(stream)) => {
                     let (allowed, ask) = stream.lease().allows_start(now);
                     if ask {
                         stream.heartbeat();
                     }
-                    Some(allowed)
+                    allowed
                 }
-                _ => Some(true),
+                _ => true,
             };
-            match startable {
-                Some(false) => index += 1,
-                None => {
-                    if let Some(mut dropped) = state.jobs.remove(index) {
-                        dropped.reply = None;
-                    }
-                }
-                Some(true) => {
-                    let mut job = state.jobs.remove(index)?;
-                    state.inflight += 1;
-                    job.queue = Some(Arc::clone(self));
-                    job.started = Some(now);
-                    if let (Some(stream), JobRequest::Run { closure_id, .. }) =
-                        (job.stream(), &job.request)
-                    {
-                        stream.lease().set_running(*closure_id);
-                    }
-                    return Some(Pop::Job(job));
-                }
+            if !allowed {
+                index += 1;
+                continue;
             }
+            let mut job = state.jobs.remove(index)?;
+            state.inflight += 1;
+            job.queue = Some(Arc::clone(self));
+            job.started = Some(now);
+            if let (Some(stream), JobRequest::Run { closure_id, .. }) = (job.stream(), &job.request)
+            {
+                stream.lease().set_running(*closure_id);
+            }
+            return Some(Pop::Job(job));
         }
         None
     }
