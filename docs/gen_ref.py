@@ -75,6 +75,9 @@ _ENV_MEANING: dict[str, str] = {
     "JAXCLUSTER_SPIN_US": "Microseconds the thread in `fetch()` and a worker's executor spin "
     "for an answer or the next closure before they park (adaptive; 0: never). Default 500 "
     "where the process may use at least 8 cores, else 0.",
+    "JAXCLUSTER_RUNTIME_THREADS": "Worker threads of the process's tokio runtime, 1 to 4. "
+    "Default: one fewer than the cores the process may use (at least 1), leaving a core to "
+    "the interpreter.",
     "JAXCLUSTER_PREVIOUS_EXIT": "Set by a supervisor (`LocalCluster`, `jaxcluster worker "
     "--slice-size`): how the task's previous process ended, reported in `WorkerCrashedError`.",
 }

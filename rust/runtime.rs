@@ -4,7 +4,15 @@
 //! coordinator's dispatcher) runs on a single multi-threaded runtime created lazily on first
 //! use and never dropped: tonic channels and servers are bound to the runtime that spawned
 //! their background tasks, so one global avoids a whole class of "runtime dropped while a
-//! channel still used it" bugs, and two threads keep a 2-core machine from oversubscribing.
+//! channel still used it" bugs.
+//!
+//! **Thread rule.** The runtime gets one thread fewer than the cores the process may use
+//! (at least one, at most [`MAX_WORKER_THREADS`]; [`THREADS_ENV`] overrides): the remaining
+//! core is the interpreter's, which runs the closures on a worker and the training loop on a
+//! coordinator. A second runtime thread on a 2-core machine did not add throughput, but
+//! tokio wakes an idle sibling to look for work each time a task is woken, and those
+//! wake-ups took the core a serial round trip needed: with one thread a round trip woke
+//! threads 5.8 times instead of 8.0, and its p50 fell about 10% (`docs/benchmarks.md`).
 //!
 //! **Fork rule.** A forked child inherits the runtime's memory but none of its threads, so
 //! the inherited runtime would hang on first use. [`runtime`] records the pid that created
@@ -17,9 +25,30 @@ use std::sync::OnceLock;
 
 use tokio::runtime::{Builder, Runtime};
 
-/// Worker threads of the shared runtime: enough to overlap I/O with the interpreter on a
-/// small machine without competing with JAX for cores.
-const MAX_WORKER_THREADS: usize = 4;
+/// Most worker threads of the shared runtime: enough to overlap the I/O of many links and
+/// transfers without competing with JAX for cores.
+pub const MAX_WORKER_THREADS: usize = 4;
+
+/// The environment variable that sets the runtime's worker threads (a whole number from 1
+/// to [`MAX_WORKER_THREADS`]), read when the runtime is created.
+pub const THREADS_ENV: &str = "JAXCLUSTER_RUNTIME_THREADS";
+
+/// The runtime's worker threads on a machine where the process may use `cores` cores, with
+/// [`THREADS_ENV`] set to `set` (if at all): one core is left to the interpreter. A value
+/// that is not a whole number in range is ignored, with a warning.
+fn threads_for(set: Option<&str>, cores: usize) -> usize {
+    if let Some(text) = set {
+        match text.trim().parse::<usize>() {
+            Ok(threads) if (1..=MAX_WORKER_THREADS).contains(&threads) => return threads,
+            _ => tracing::warn!(
+                target: crate::log_target::DISPATCH,
+                "{THREADS_ENV}={text:?} is not a whole number from 1 to {MAX_WORKER_THREADS}; \
+                 using the default (one fewer than the {cores} cores this process may use)"
+            ),
+        }
+    }
+    cores.saturating_sub(1).clamp(1, MAX_WORKER_THREADS)
+}
 
 /// The runtime together with the process that created it.
 struct Owned {
@@ -58,9 +87,8 @@ pub enum RuntimeError {
 /// ```
 pub fn runtime() -> Result<&'static Runtime, RuntimeError> {
     let owned = RUNTIME.get_or_init(|| {
-        let threads = std::thread::available_parallelism()
-            .map_or(2, std::num::NonZero::get)
-            .clamp(1, MAX_WORKER_THREADS);
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        let threads = threads_for(std::env::var(THREADS_ENV).ok().as_deref(), cores);
         Builder::new_multi_thread()
             .worker_threads(threads)
             .thread_name("jaxcluster-rt")
@@ -92,6 +120,20 @@ mod tests {
         let b = runtime().unwrap();
         assert!(std::ptr::eq(a, b));
         assert_eq!(a.block_on(async { 40 + 2 }), 42);
+    }
+
+    #[test]
+    fn one_core_is_left_to_the_interpreter_unless_the_variable_says_otherwise() {
+        assert_eq!(threads_for(None, 1), 1);
+        assert_eq!(threads_for(None, 2), 1);
+        assert_eq!(threads_for(None, 3), 2);
+        assert_eq!(threads_for(None, 5), MAX_WORKER_THREADS);
+        assert_eq!(threads_for(None, 96), MAX_WORKER_THREADS);
+        assert_eq!(threads_for(Some("3"), 2), 3);
+        assert_eq!(threads_for(Some(" 1 "), 96), 1);
+        for ignored in ["0", "5", "-1", "two", ""] {
+            assert_eq!(threads_for(Some(ignored), 8), 4, "{ignored:?}");
+        }
     }
 
     #[test]

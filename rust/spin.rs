@@ -92,6 +92,28 @@ pub struct Spin {
     rest: AtomicU32,
 }
 
+/// What [`Spin::until`] saw, kept by the waiter until its wait is over
+/// ([`Spin::wait_ended`]).
+#[must_use = "a wait that spun in vain reports its end with `Spin::wait_ended`"]
+#[derive(Debug, Clone, Copy)]
+pub struct Spun {
+    seen: bool,
+    /// When a spin that did not see the flag began (`None`: seen, or the site is off).
+    in_vain_since: Option<Instant>,
+}
+
+impl Spun {
+    const SEEN: Self = Self {
+        seen: true,
+        in_vain_since: None,
+    };
+
+    /// Whether `ready()` held: the caller need not park.
+    pub fn seen(self) -> bool {
+        self.seen
+    }
+}
+
 /// How many nanoseconds "not read yet" is stored as.
 const UNSET: u64 = u64::MAX;
 
@@ -115,14 +137,23 @@ impl Spin {
         }
     }
 
-    /// Spins until `ready()` holds or the current budget is spent, never past `deadline`;
-    /// returns whether `ready()` held. The caller parks as usual when it did not. A spin the
-    /// deadline cut short says nothing of the budget (a poll with a zero timeout is not a
-    /// wait that outlasted it).
-    pub fn until(&self, deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> bool {
+    /// Spins until `ready()` holds or the current budget is spent, never past `deadline`.
+    /// The caller parks as usual unless [`Spun::seen`], and once its wait is over (its flag
+    /// set) hands the answer back to [`Self::wait_ended`], which tells the site what budget
+    /// the wait would have needed. A spin the deadline cut short says nothing of the budget
+    /// (a poll with a zero timeout is not a wait that outlasted it).
+    pub fn until(&self, deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> Spun {
         let budget = self.budget();
         if budget == 0 {
-            return ready();
+            if ready() {
+                return Spun::SEEN;
+            }
+            // Resting, or off: a wait within the full budget still ends the rest.
+            let in_vain_since = (!self.is_off()).then(Instant::now);
+            return Spun {
+                seen: false,
+                in_vain_since,
+            };
         }
         let start = Instant::now();
         let own_stop = start + Duration::from_nanos(budget);
@@ -135,23 +166,43 @@ impl Spin {
             for _ in 0..SPINS_PER_ROUND {
                 if ready() {
                     self.saw_it();
-                    return true;
+                    return Spun::SEEN;
                 }
                 std::hint::spin_loop();
             }
             if Instant::now() >= stop {
-                let seen = ready();
-                if seen {
+                if ready() {
                     self.saw_it();
-                } else if !cut_short {
+                    return Spun::SEEN;
+                }
+                if !cut_short {
                     self.gave_up();
                 }
-                return seen;
+                return Spun {
+                    seen: false,
+                    in_vain_since: Some(start),
+                };
             }
             rounds += 1;
             if rounds > ROUNDS_BEFORE_YIELD {
                 std::thread::yield_now();
             }
+        }
+    }
+
+    /// Whether this site never spins: its configured budget is zero (by default, below
+    /// [`MIN_CORES_TO_SPIN`] cores). A caller that must drop a lock to spin skips that.
+    pub fn is_off(&self) -> bool {
+        let full = self.full_ns.load(Ordering::Relaxed);
+        full == 0 || (full == UNSET && configured_budget().is_zero())
+    }
+
+    /// The wait that `spun` began is over: its flag was set. A wait that spun in vain and
+    /// ended within the full budget after all restores the full budget (see
+    /// [`Self::ended_after`]); one that was seen spinning was counted already.
+    pub fn wait_ended(&self, spun: Spun) {
+        if let Some(began) = spun.in_vain_since {
+            self.ended_after(began.elapsed());
         }
     }
 
@@ -202,7 +253,7 @@ impl Spin {
     /// been full, a spin would have seen it when `waited` is within it, so the site gets
     /// its full budget back (a spin that gave up only says its budget was short, not that
     /// the waits are long).
-    pub fn ended_after(&self, waited: Duration) {
+    fn ended_after(&self, waited: Duration) {
         let full = self.full_ns.load(Ordering::Relaxed);
         if full != UNSET && nanos(waited) <= full {
             self.saw_it();
@@ -241,7 +292,7 @@ mod tests {
             let flag = Arc::clone(&flag);
             std::thread::spawn(move || flag.store(true, Ordering::Release))
         };
-        assert!(spin.until(None, || flag.load(Ordering::Acquire)));
+        assert!(spin.until(None, || flag.load(Ordering::Acquire)).seen());
         setter.join().unwrap();
         assert_eq!(spin.current_budget(), Duration::from_millis(200));
     }
@@ -250,30 +301,34 @@ mod tests {
     fn giving_up_halves_the_budget_then_rests_then_tries_again() {
         let spin = Spin::with_budget(Duration::from_micros(80));
         let started = Instant::now();
-        assert!(!spin.until(None, || false));
+        assert!(!spin.until(None, || false).seen());
         assert!(started.elapsed() >= Duration::from_micros(80));
         assert_eq!(spin.current_budget(), Duration::from_micros(40));
-        assert!(!spin.until(None, || false));
+        assert!(!spin.until(None, || false).seen());
         assert_eq!(spin.current_budget(), Duration::from_micros(20));
-        assert!(!spin.until(None, || false));
+        assert!(!spin.until(None, || false).seen());
         assert_eq!(spin.current_budget(), Duration::from_micros(10));
-        assert!(!spin.until(None, || false));
+        assert!(!spin.until(None, || false).seen());
         // Under the floor (an eighth): resting, each wait parks at once without spinning.
         assert_eq!(spin.current_budget(), Duration::ZERO);
         let mut looks = 0;
         for _ in 0..REST_CALLS {
-            assert!(!spin.until(None, || {
-                looks += 1;
-                false
-            }));
+            assert!(!spin
+                .until(None, || {
+                    looks += 1;
+                    false
+                })
+                .seen());
         }
         assert_eq!(looks, REST_CALLS, "a resting site looks once and parks");
         // Rested: it spins again at the floor, and a success restores the full budget.
         let mut looks = 0;
-        assert!(spin.until(None, || {
-            looks += 1;
-            looks > 3
-        }));
+        assert!(spin
+            .until(None, || {
+                looks += 1;
+                looks > 3
+            })
+            .seen());
         assert_eq!(spin.current_budget(), Duration::from_micros(80));
     }
 
@@ -281,22 +336,30 @@ mod tests {
     fn a_wait_that_ended_within_the_full_budget_restores_it_and_a_longer_one_does_not() {
         let spin = Spin::with_budget(Duration::from_micros(80));
         for _ in 0..4 {
-            assert!(!spin.until(None, || false));
+            assert!(!spin.until(None, || false).seen());
         }
         assert_eq!(spin.current_budget(), Duration::ZERO, "resting");
-        spin.ended_after(Duration::from_micros(500));
+        let long_ago = Spun {
+            seen: false,
+            in_vain_since: Instant::now().checked_sub(Duration::from_micros(500)),
+        };
+        spin.wait_ended(long_ago);
         assert_eq!(
             spin.current_budget(),
             Duration::ZERO,
             "a long wait: still resting"
         );
-        spin.ended_after(Duration::from_micros(60));
+        let resting = spin.until(None, || false);
+        assert!(!resting.seen());
+        spin.wait_ended(resting); // at once: well within the full budget
         assert_eq!(spin.current_budget(), Duration::from_micros(80));
         let mut looks = 0;
-        assert!(spin.until(None, || {
-            looks += 1;
-            looks > 1
-        }));
+        assert!(spin
+            .until(None, || {
+                looks += 1;
+                looks > 1
+            })
+            .seen());
         assert!(looks > 1, "it spins again at once, with no rest left");
     }
 
@@ -304,7 +367,9 @@ mod tests {
     fn a_spin_never_passes_the_deadline() {
         let spin = Spin::with_budget(Duration::from_secs(10));
         let started = Instant::now();
-        assert!(!spin.until(Some(started + Duration::from_millis(5)), || false));
+        assert!(!spin
+            .until(Some(started + Duration::from_millis(5)), || false)
+            .seen());
         assert!(
             started.elapsed() < Duration::from_secs(5),
             "spun past the deadline"
@@ -331,14 +396,27 @@ mod tests {
     }
 
     #[test]
+    fn a_site_is_off_only_with_a_zero_full_budget() {
+        assert!(Spin::with_budget(Duration::ZERO).is_off());
+        let spin = Spin::with_budget(Duration::from_micros(80));
+        for _ in 0..4 {
+            assert!(!spin.until(None, || false).seen());
+        }
+        assert_eq!(spin.current_budget(), Duration::ZERO, "resting");
+        assert!(!spin.is_off(), "a resting site is not off");
+    }
+
+    #[test]
     fn a_zero_budget_never_spins() {
         let spin = Spin::with_budget(Duration::ZERO);
         let mut looks = 0;
         for _ in 0..10 {
-            assert!(!spin.until(None, || {
-                looks += 1;
-                false
-            }));
+            assert!(!spin
+                .until(None, || {
+                    looks += 1;
+                    false
+                })
+                .seen());
         }
         assert_eq!(looks, 10);
     }

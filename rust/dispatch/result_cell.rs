@@ -185,18 +185,13 @@ impl ResultCell {
         every: Duration,
         check: &mut dyn FnMut() -> bool,
     ) -> Result<bool, Interrupted> {
-        let mut parked_since = None;
-        if !self.settled_flag.load(Ordering::Acquire) {
-            let began = Instant::now();
-            if !spin.until(deadline, || self.settled_flag.load(Ordering::Acquire)) {
-                parked_since = Some(began);
-            }
-        }
+        let spin_seen = (!self.settled_flag.load(Ordering::Acquire))
+            .then(|| spin.until(deadline, || self.settled_flag.load(Ordering::Acquire)));
         let mut state = self.lock();
         loop {
             if state.outcome.is_some() {
-                if let Some(began) = parked_since {
-                    spin.ended_after(began.elapsed());
+                if let Some(seen) = spin_seen {
+                    spin.wait_ended(seen);
                 }
                 return Ok(true);
             }

@@ -314,14 +314,13 @@ impl JobQueue {
     fn pop_waiting(self: &Arc<Self>, timeout: Duration, while_draining: bool) -> Pop {
         let deadline = Instant::now() + timeout;
         let mut state = self.lock();
-        // Whether this wait has spun, and when a spin that saw nothing began (the whole
-        // wait is reported once a job comes: it tells the spin what budget would do).
-        let mut spun = false;
-        let mut parked_since: Option<Instant> = None;
+        // What this wait's spin saw, once it spun (the whole wait is reported once a job
+        // comes: it tells the spin what budget would have done).
+        let mut spun = None;
         loop {
             if let Some(pop) = self.take_next(&mut state) {
-                if let (Pop::Job(_), Some(since)) = (&pop, parked_since) {
-                    self.spin.ended_after(since.elapsed());
+                if let (Pop::Job(_), Some(spun)) = (&pop, spun) {
+                    self.spin.wait_ended(spun);
                 }
                 return pop;
             }
@@ -332,33 +331,25 @@ impl JobQueue {
             if now >= deadline {
                 return Pop::Empty;
             }
-            if !spun {
+            if spun.is_none() && !self.spin.is_off() {
                 // The next closure of a serial loop comes one round trip after the last
                 // answer: caught spinning, it saves the executor's wake-up. Only a change
                 // makes it look again, as only a change wakes a sleeper (a look costs a
                 // lease's acknowledgement request while none is valid).
-                spun = true;
-                let began = Instant::now();
                 let seen = self.changes.load(Ordering::Acquire);
                 drop(state);
-                let changed = self.spin.until(Some(deadline), || {
+                spun = Some(self.spin.until(Some(deadline), || {
                     self.changes.load(Ordering::Acquire) != seen
-                });
+                }));
                 state = self.lock();
-                if !changed {
-                    parked_since = Some(began);
-                }
                 // Changes are counted under the lock: none slips between this look and
                 // the sleep.
                 if self.changes.load(Ordering::Acquire) != seen {
                     continue;
                 }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Pop::Empty;
-            }
-            state = self.sleep(state, deadline - now);
+            // Past the deadline after a spin: a zero sleep, then one more look.
+            state = self.sleep(state, deadline.saturating_duration_since(Instant::now()));
         }
     }
 

@@ -294,21 +294,16 @@ impl WorkerServer {
         if !self.state.queue.begin_drain() {
             return false;
         }
-        // Logged from the runtime, not from the caller: that is often a signal handler,
-        // where Python's logging must not run.
         let index = self.state.worker_index;
         let address = self.local_addr;
-        if let Ok(runtime) = crate::runtime::runtime() {
-            let task = runtime.spawn(async move {
-                tracing::info!(
-                    target: crate::log_target::WORKER,
-                    "worker {index} on {address} is draining: new closures are refused \
-                     (coordinators run them elsewhere), {queued} queued closure(s) handed \
-                     back, {inflight} running to finish",
-                );
-            });
-            self.keep_log(task);
-        }
+        self.log_from_runtime(move || {
+            tracing::info!(
+                target: crate::log_target::WORKER,
+                "worker {index} on {address} is draining: new closures are refused \
+                 (coordinators run them elsewhere), {queued} queued closure(s) handed \
+                 back, {inflight} running to finish",
+            );
+        });
         true
     }
 
@@ -330,20 +325,17 @@ impl WorkerServer {
             let address = self.local_addr;
             let (source, detail) = (source.to_owned(), detail.to_owned());
             let when = crate::rpc::describe_deadline(deadline);
-            if let Ok(runtime) = crate::runtime::runtime() {
-                // INFO, as the drain's own line: the coordinators warn (naming the worker),
-                // and a LocalCluster stopping its workers with SIGTERM stays quiet.
-                let task = runtime.spawn(async move {
-                    tracing::info!(
-                        target: crate::log_target::WORKER,
-                        source = source.as_str(),
-                        "a preemption notice reached worker {index} on {address} ({source}: \
-                         {detail}); {}; it takes no new closures and hands queued ones back",
-                        when,
-                    );
-                });
-                self.keep_log(task);
-            }
+            // INFO, as the drain's own line: the coordinators warn (naming the worker), and
+            // a LocalCluster stopping its workers with SIGTERM stays quiet.
+            self.log_from_runtime(move || {
+                tracing::info!(
+                    target: crate::log_target::WORKER,
+                    source = source.as_str(),
+                    "a preemption notice reached worker {index} on {address} ({source}: \
+                     {detail}); {}; it takes no new closures and hands queued ones back",
+                    when,
+                );
+            });
         }
         self.begin_shutdown();
         first
@@ -361,8 +353,14 @@ impl WorkerServer {
         std::mem::take(&mut *self.lock_logs())
     }
 
-    fn keep_log(&self, task: tokio::task::JoinHandle<()>) {
-        self.lock_logs().push(task);
+    /// Runs `log` on a task of the runtime, not on the caller (often a signal handler,
+    /// where Python's logging must not run), and keeps the task for
+    /// [`Self::take_pending_logs`].
+    fn log_from_runtime(&self, log: impl FnOnce() + Send + 'static) {
+        if let Ok(runtime) = crate::runtime::runtime() {
+            let task = runtime.spawn(async move { log() });
+            self.lock_logs().push(task);
+        }
     }
 
     fn lock_logs(&self) -> std::sync::MutexGuard<'_, Vec<tokio::task::JoinHandle<()>>> {
