@@ -26,15 +26,13 @@ from jaxcluster.coordinator.structure import map_structure
 __all__ = ["Dataflow", "finalize_release", "kept_ref"]
 
 #: A read that failed with one of these lost the value with its holder: the holder no
-#: longer holds it (``NOT_FOUND``: released, or a new process), cannot be reached, or its
-#: connection broke mid-read (tonic reports that ``INTERNAL``, or ``CANCELLED``: "operation
-#: was canceled (transport error: connection closed)", as a link's unary calls see it too).
-#: As a worker's pull does, the coordinator then re-makes the value by lineage.
+#: longer holds it (``NOT_FOUND``: released, or a new process) or cannot be reached, which
+#: includes a connection that broke mid-read (the RPC layer reports every transport failure
+#: ``UNAVAILABLE``: ``rpc/wire/status.rs``). As a worker's pull does, the coordinator then
+#: re-makes the value by lineage. Anything else the holder answered is raised.
 _LOST = (
     errors.NotFoundError,
     errors.UnavailableError,
-    errors.InternalError,
-    errors.CancelledError,
 )
 
 

@@ -135,7 +135,25 @@ impl From<Status> for RpcError {
         if let Some(hint) = tls_mismatch_hint(&message) {
             message = format!("{message}; {hint}");
         }
-        Self::from_code(status.code(), message)
+        Self::from_code(transport_code(&status), message)
+    }
+}
+
+/// The code a caller should see for `status`. tonic builds a status from a transport
+/// failure (a reset stream, a connection closed mid-call) with the failure as its source
+/// and a code taken from the HTTP/2 reason: `CANCELLED`, `INTERNAL` or `UNKNOWN`. To the
+/// caller the peer went away mid-call, which is `UNAVAILABLE` (as gRPC's own clients report
+/// a broken connection, and what every retry here keys on); a caller that cancelled nothing
+/// must not see `CANCELLED`, and `INTERNAL` is kept for what a peer said went wrong. A
+/// status the peer sent (trailers) has no source and keeps its code.
+fn transport_code(status: &Status) -> Code {
+    match status.code() {
+        Code::Cancelled | Code::Internal | Code::Unknown
+            if std::error::Error::source(status).is_some() =>
+        {
+            Code::Unavailable
+        }
+        code => code,
     }
 }
 
@@ -187,6 +205,40 @@ mod tests {
             assert_eq!(status.code(), error.code());
             assert_eq!(RpcError::from(status), error);
         }
+    }
+
+    #[test]
+    fn a_transport_failure_is_unavailable_and_a_peers_own_status_keeps_its_code() {
+        let closed = || {
+            std::sync::Arc::new(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "connection closed",
+            ))
+        };
+        for code in [Code::Cancelled, Code::Internal, Code::Unknown] {
+            let mut status = Status::new(code, "operation was canceled");
+            status.set_source(closed());
+            let e = RpcError::from(status);
+            assert!(matches!(e, RpcError::Unavailable(_)), "{code:?}: {e:?}");
+            assert!(e.message().contains("connection closed"), "{e:?}");
+        }
+        let e = RpcError::from(Status::from_error(Box::new(std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "broken pipe",
+        ))));
+        assert!(matches!(e, RpcError::Unavailable(_)), "{e:?}");
+        // Sent by the peer: no source, the code stands.
+        for (status, expected) in [
+            (Status::internal("a bug"), Code::Internal),
+            (Status::cancelled("stopped"), Code::Cancelled),
+            (Status::unknown("?"), Code::Internal),
+        ] {
+            assert_eq!(RpcError::from(status).code(), expected);
+        }
+        // Any other code keeps its meaning with a source too.
+        let mut status = Status::not_found("no such value");
+        status.set_source(closed());
+        assert!(matches!(RpcError::from(status), RpcError::NotFound(_)));
     }
 
     #[test]
