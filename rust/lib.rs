@@ -14,6 +14,7 @@ pub mod ps;
 pub mod queue;
 pub mod rpc;
 pub mod runtime;
+pub mod setting;
 pub mod spin;
 pub mod worker;
 

@@ -12,5 +12,8 @@ pub const DISPATCH: &str = "jaxcluster.dispatch";
 pub const WORKER: &str = "jaxcluster.worker";
 /// A parameter-server task.
 pub const PS: &str = "jaxcluster.ps";
+/// Settings read from environment variables (`crate::setting`): a value refused. Any
+/// process, coordinator, worker or ps, reads them.
+pub const SETTINGS: &str = "jaxcluster.settings";
 /// A server's token check (workers and ps tasks): refused requests.
 pub const AUTH: &str = "jaxcluster.auth";

@@ -25,6 +25,8 @@ use std::sync::OnceLock;
 
 use tokio::runtime::{Builder, Runtime};
 
+use crate::setting::{Read, Setting};
+
 /// Most worker threads of the shared runtime: enough to overlap the I/O of many links and
 /// transfers without competing with JAX for cores.
 pub const MAX_WORKER_THREADS: usize = 4;
@@ -35,19 +37,31 @@ pub const THREADS_ENV: &str = "JAXCLUSTER_RUNTIME_THREADS";
 
 /// The runtime's worker threads on a machine where the process may use `cores` cores, with
 /// [`THREADS_ENV`] set to `set` (if at all): one core is left to the interpreter. A value
-/// that is not a whole number in range is ignored, with a warning.
-fn threads_for(set: Option<&str>, cores: usize) -> usize {
-    if let Some(text) = set {
-        match text.trim().parse::<usize>() {
-            Ok(threads) if (1..=MAX_WORKER_THREADS).contains(&threads) => return threads,
-            _ => tracing::warn!(
-                target: crate::log_target::DISPATCH,
-                "{THREADS_ENV}={text:?} is not a whole number from 1 to {MAX_WORKER_THREADS}; \
-                 using the default (one fewer than the {cores} cores this process may use)"
-            ),
-        }
-    }
-    cores.saturating_sub(1).clamp(1, MAX_WORKER_THREADS)
+/// that is not a whole number in range is refused (the caller warns), as unset.
+fn threads_for(set: Option<&str>, cores: usize) -> Read<usize> {
+    Read::parse(
+        THREADS_ENV,
+        set,
+        |text| {
+            text.parse::<usize>()
+                .ok()
+                .filter(|threads| (1..=MAX_WORKER_THREADS).contains(threads))
+        },
+        &format!("a whole number from 1 to {MAX_WORKER_THREADS}"),
+        || cores.saturating_sub(1).clamp(1, MAX_WORKER_THREADS),
+    )
+}
+
+/// The runtime's worker threads, read once per process.
+fn configured_threads() -> usize {
+    static THREADS: Setting<usize> = Setting::new();
+    *THREADS.get(
+        || {
+            let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+            threads_for(std::env::var(THREADS_ENV).ok().as_deref(), cores)
+        },
+        |refused| tracing::warn!(target: crate::log_target::SETTINGS, "{refused}"),
+    )
 }
 
 /// The runtime together with the process that created it.
@@ -86,19 +100,11 @@ pub enum RuntimeError {
 /// assert_eq!(rt.block_on(async { 1 + 1 }), 2);
 /// ```
 pub fn runtime() -> Result<&'static Runtime, RuntimeError> {
-    let owned = RUNTIME.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
-        let threads = threads_for(std::env::var(THREADS_ENV).ok().as_deref(), cores);
-        Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name("jaxcluster-rt")
-            .enable_all()
-            .build()
-            .map(|runtime| Owned {
-                pid: std::process::id(),
-                runtime,
-            })
-            .map_err(|e| e.to_string())
+    // The thread count is read (and a refused value logged) before the runtime's lock is
+    // taken: logging takes the GIL (`crate::setting`).
+    let owned = RUNTIME.get().unwrap_or_else(|| {
+        let threads = configured_threads();
+        RUNTIME.get_or_init(|| build(threads))
     });
     match owned {
         Ok(owned) if owned.pid == std::process::id() => Ok(&owned.runtime),
@@ -108,6 +114,20 @@ pub fn runtime() -> Result<&'static Runtime, RuntimeError> {
         }),
         Err(message) => Err(RuntimeError::Build(message.clone())),
     }
+}
+
+/// A runtime of `threads` worker threads, owned by this process.
+fn build(threads: usize) -> Result<Owned, String> {
+    Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("jaxcluster-rt")
+        .enable_all()
+        .build()
+        .map(|runtime| Owned {
+            pid: std::process::id(),
+            runtime,
+        })
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -124,15 +144,23 @@ mod tests {
 
     #[test]
     fn one_core_is_left_to_the_interpreter_unless_the_variable_says_otherwise() {
-        assert_eq!(threads_for(None, 1), 1);
-        assert_eq!(threads_for(None, 2), 1);
-        assert_eq!(threads_for(None, 3), 2);
-        assert_eq!(threads_for(None, 5), MAX_WORKER_THREADS);
-        assert_eq!(threads_for(None, 96), MAX_WORKER_THREADS);
-        assert_eq!(threads_for(Some("3"), 2), 3);
-        assert_eq!(threads_for(Some(" 1 "), 96), 1);
+        let threads = |set, cores| threads_for(set, cores).value;
+        assert_eq!(threads(None, 1), 1);
+        assert_eq!(threads(None, 2), 1);
+        assert_eq!(threads(None, 3), 2);
+        assert_eq!(threads(None, 5), MAX_WORKER_THREADS);
+        assert_eq!(threads(None, 96), MAX_WORKER_THREADS);
+        assert_eq!(threads(Some("3"), 2), 3);
+        assert_eq!(threads(Some(" 1 "), 96), 1);
+        assert!(threads_for(Some("3"), 2).refused.is_none());
         for ignored in ["0", "5", "-1", "two", ""] {
-            assert_eq!(threads_for(Some(ignored), 8), 4, "{ignored:?}");
+            let read = threads_for(Some(ignored), 8);
+            assert_eq!(read.value, 4, "{ignored:?}");
+            let said = read.refused.unwrap();
+            assert!(
+                said.contains(THREADS_ENV) && said.contains("from 1 to 4"),
+                "{said}"
+            );
         }
     }
 

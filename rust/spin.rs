@@ -22,8 +22,9 @@
 //! either way (`0` turns spinning off).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use crate::setting::{Read, Setting};
 
 /// The default spin budget, in microseconds, where spinning is on: above a loopback round
 /// trip of a trivial closure, so a serial loop's answers are caught spinning.
@@ -50,31 +51,36 @@ const ROUNDS_BEFORE_YIELD: u32 = 4;
 /// The budget from [`BUDGET_ENV`], else by the cores this process may use; read once per
 /// process.
 pub fn configured_budget() -> Duration {
-    static BUDGET: OnceLock<Duration> = OnceLock::new();
-    *BUDGET.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-        budget_for(std::env::var(BUDGET_ENV).ok().as_deref(), cores)
-    })
+    static BUDGET: Setting<Duration> = Setting::new();
+    *BUDGET.get(
+        || {
+            let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+            budget_for(std::env::var(BUDGET_ENV).ok().as_deref(), cores)
+        },
+        |refused| tracing::warn!(target: crate::log_target::SETTINGS, "{refused}"),
+    )
 }
 
 /// The budget [`BUDGET_ENV`]'s value `set` (if any) gives on a machine of `cores`. A value
-/// that is not a whole number of microseconds is ignored (with a warning), as unset.
-fn budget_for(set: Option<&str>, cores: usize) -> Duration {
-    if let Some(text) = set {
-        if let Ok(micros) = text.trim().parse::<u64>() {
-            return Duration::from_micros(micros.min(MAX_BUDGET_US));
-        }
-        tracing::warn!(
-            target: crate::log_target::DISPATCH,
-            "{BUDGET_ENV}={text:?} is not a whole number of microseconds; using the default \
-             spin budget"
-        );
-    }
-    if cores >= MIN_CORES_TO_SPIN {
-        Duration::from_micros(DEFAULT_BUDGET_US)
-    } else {
-        Duration::ZERO
-    }
+/// that is not a whole number of microseconds is refused (the caller warns), as unset.
+fn budget_for(set: Option<&str>, cores: usize) -> Read<Duration> {
+    Read::parse(
+        BUDGET_ENV,
+        set,
+        |text| {
+            text.parse::<u64>()
+                .ok()
+                .map(|micros| Duration::from_micros(micros.min(MAX_BUDGET_US)))
+        },
+        "a whole number of microseconds",
+        || {
+            if cores >= MIN_CORES_TO_SPIN {
+                Duration::from_micros(DEFAULT_BUDGET_US)
+            } else {
+                Duration::ZERO
+            }
+        },
+    )
 }
 
 /// The longest budget [`BUDGET_ENV`] may set: 10 ms.
@@ -118,7 +124,8 @@ impl Spun {
 const UNSET: u64 = u64::MAX;
 
 impl Spin {
-    /// A site using [`configured_budget`], read on first use.
+    /// A site using [`configured_budget`], read on first use: its first wait must not be
+    /// under a lock (see [`Self::with_budget`]).
     pub const fn configured() -> Self {
         Self {
             full_ns: AtomicU64::new(UNSET),
@@ -127,7 +134,9 @@ impl Spin {
         }
     }
 
-    /// A site with budget `full` (tests, benches).
+    /// A site with budget `full`: tests and benches, and a site whose first wait is under
+    /// a lock (the job queue's), which reads [`configured_budget`] when it is built, since
+    /// reading it may log a refused setting and logging takes the GIL.
     pub fn with_budget(full: Duration) -> Self {
         let ns = nanos(full);
         Self {
@@ -378,19 +387,23 @@ mod tests {
 
     #[test]
     fn the_budget_is_on_by_default_only_with_enough_cores_and_the_variable_wins() {
-        assert_eq!(budget_for(None, 2), Duration::ZERO);
+        let budget = |set, cores| budget_for(set, cores).value;
+        assert_eq!(budget(None, 2), Duration::ZERO);
         assert_eq!(
-            budget_for(None, MIN_CORES_TO_SPIN),
+            budget(None, MIN_CORES_TO_SPIN),
             Duration::from_micros(DEFAULT_BUDGET_US)
         );
-        assert_eq!(budget_for(Some("120"), 2), Duration::from_micros(120));
-        assert_eq!(budget_for(Some(" 0 "), 64), Duration::ZERO);
-        assert_eq!(
-            budget_for(Some("1e9"), 64),
-            Duration::from_micros(DEFAULT_BUDGET_US)
+        assert_eq!(budget(Some("120"), 2), Duration::from_micros(120));
+        assert_eq!(budget(Some(" 0 "), 64), Duration::ZERO);
+        let refused = budget_for(Some("1e9"), 64);
+        assert_eq!(refused.value, Duration::from_micros(DEFAULT_BUDGET_US));
+        let said = refused.refused.unwrap();
+        assert!(
+            said.contains(BUDGET_ENV) && said.contains("microseconds"),
+            "{said}"
         );
         assert_eq!(
-            budget_for(Some("99999999"), 2),
+            budget(Some("99999999"), 2),
             Duration::from_micros(MAX_BUDGET_US)
         );
     }

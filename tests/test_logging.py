@@ -217,6 +217,24 @@ def test_a_worker_process_logs_with_timestamps_and_says_it_drains() -> None:
     assert any("INFO jaxcluster.worker: worker 0 stopped after" in line for line in lines), lines
 
 
+def test_a_refused_setting_is_one_warning_of_its_own_logger_and_the_worker_serves() -> None:
+    # Read inside a OnceLock by whichever thread needs the runtime first; logged after the
+    # lock is released (a warning takes the GIL), once, under jaxcluster.settings.
+    env = {"JAXCLUSTER_RUNTIME_THREADS": "nine", "JAXCLUSTER_SPIN_US": "-5"}
+    with running_worker([], env=env) as worker:
+        assert worker.client().get_status(timeout=10.0) is not None
+        worker.popen.send_signal(signal.SIGTERM)
+        assert worker.finish() == 0
+    lines = worker.err_lines
+    threads = [line for line in lines if "JAXCLUSTER_RUNTIME_THREADS" in line]
+    assert len(threads) == 1, lines
+    assert "WARNING jaxcluster.settings:" in threads[0] and TIMESTAMPED.match(threads[0])
+    assert "'nine'" in threads[0] or '"nine"' in threads[0]
+    assert "a whole number from 1 to 4" in threads[0]
+    spin = [line for line in lines if "JAXCLUSTER_SPIN_US" in line]
+    assert len(spin) == 1 and "a whole number of microseconds" in spin[0], lines
+
+
 def test_a_worker_process_log_level_is_a_flag() -> None:
     with running_worker(["--log-level", "warning"]) as worker:
         worker.popen.send_signal(signal.SIGTERM)

@@ -11,9 +11,9 @@ def refresh_log_levels() -> None:
     """Forgets the cached levels of the ``jaxcluster`` loggers, so that a logging
     configuration made just now applies to the next event from Rust. Rust events are
     forwarded to ``logging.getLogger(<target>)`` (``jaxcluster.dispatch``,
-    ``jaxcluster.worker``, ``jaxcluster.ps``, ``jaxcluster.auth``; dependencies' warnings
-    under ``jaxcluster.deps``) after a level check against a cache refreshed every second
-    (rust/py/log.rs)."""
+    ``jaxcluster.worker``, ``jaxcluster.ps``, ``jaxcluster.auth``, ``jaxcluster.settings``;
+    dependencies' warnings under ``jaxcluster.deps``) after a level check against a cache
+    refreshed every second (rust/py/log.rs)."""
 
 # Every call that can wait releases the GIL while it waits and wakes every 50 ms to take it
 # just long enough to run Python's signal handlers, so Ctrl-C (or any handler that raises)

@@ -93,7 +93,9 @@ impl JobQueue {
             stats,
             worker_index,
             changes: AtomicU64::new(0),
-            spin: Spin::configured(),
+            // Read now, not on first use: the first use is under this queue's lock, and a
+            // refused setting is logged, which takes the GIL (`crate::setting`).
+            spin: Spin::with_budget(crate::spin::configured_budget()),
             drain_signal: tokio::sync::watch::Sender::new(false),
         }
     }
