@@ -201,6 +201,43 @@ def test_nothing_is_printed_unless_logging_is_configured() -> None:
     assert done.stderr == ""
 
 
+def test_a_coordinator_collected_without_shutdown_stops_its_links_while_they_log() -> None:
+    # The links log (DEBUG) each closure they cancel as they stop, which takes the GIL;
+    # the dispatcher's drop awaits them on the thread that collects it. With the GIL held
+    # through that wait, this hung for good.
+    script = f"""
+import gc, logging, sys, threading, time
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+logging.basicConfig(level=logging.DEBUG, format="%(name)s %(message)s")
+from support.workers import running_worker, wait_until
+from jaxcluster import ClusterSpec
+from jaxcluster._native import core
+from jaxcluster.cluster_resolver import SimpleClusterResolver
+from jaxcluster.coordinator import ClusterCoordinator
+
+def nap():
+    threading.Event().wait(0.5)
+    return 1
+
+with running_worker([], token="tok") as worker:
+    resolver = SimpleClusterResolver(ClusterSpec({{"worker": [worker.address]}}))
+    coordinator = ClusterCoordinator(resolver, auth_token="tok")
+    values = [coordinator.schedule(nap) for _ in range(8)]
+    client = worker.client(token="tok")
+    wait_until(lambda: client.get_status().queued > 0, what="closures queued on the worker")
+    core.refresh_log_levels()
+    del coordinator, values
+    gc.collect()
+    print("collected", flush=True)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "collected"
+    assert "the coordinator shut down while it was on worker" in done.stderr, done.stderr[-3000:]
+
+
 def test_a_worker_process_logs_with_timestamps_and_says_it_drains() -> None:
     with running_worker([], token="right") as worker:
         with pytest.raises(Exception, match="token"):

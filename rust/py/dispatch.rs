@@ -389,7 +389,18 @@ impl PyDispatcher {
     }
 }
 
-/// The Python-facing result cell; documented in `_core.pyi`.
+/// A dispatcher garbage-collected without `shutdown()` (a coordinator never closed) is
+/// shut down here, with the GIL released: its links log as they stop (each closure they
+/// cancel), logging takes the GIL, and the thread running this holds it while it awaits them.
+/// Dropped with the GIL held, the dispatcher deadlocked against its own links.
+impl Drop for PyDispatcher {
+    fn drop(&mut self) {
+        if !self.inner.is_shut_down() {
+            Python::attach(|py| py.detach(|| self.inner.shutdown()));
+        }
+    }
+}
+
 /// The Python-facing per-worker resource handle; documented in `_core.pyi`.
 #[pyclass(frozen, module = "jaxcluster._core", name = "PerWorkerResource")]
 pub struct PyPerWorkerResource {

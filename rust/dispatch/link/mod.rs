@@ -40,6 +40,7 @@ mod stream;
 mod top_up;
 
 use std::future::Future;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -515,6 +516,20 @@ impl<T: WorkerTransport> Link<T> {
     fn put_back(&self, closure: Closure) {
         if closure.pinned().is_some() {
             return self.give_back(closure);
+        }
+        if self.shared.cancel.stopping.load(Ordering::Acquire) {
+            // Shutting down: the stopped queue cancels it. Not a retry, and not said to be.
+            tracing::debug!(
+                target: DISPATCH,
+                worker = self.address(),
+                closure_id = closure.id(),
+                "closure {} is cancelled: the coordinator shut down while it was on worker {}",
+                closure.id(),
+                self.address(),
+            );
+            let verdict = self.shared.queue.put_back(Work::Closure(closure));
+            debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
+            return;
         }
         Counters::bump(&self.shared.counters.retried);
         Counters::bump(&self.status.counters.retried);
