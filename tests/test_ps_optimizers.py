@@ -57,6 +57,39 @@ CASES = [
         opt.Adagrad(0.1),
         optax.adagrad(0.1, initial_accumulator_value=0.1, eps=1e-7),
     ),
+    # Keras's shared arguments: Adam with a weight decay is AdamW; SGD's decay comes
+    # before the step; clipping and loss scaling act on the gradient before it is sent.
+    (
+        "adam_weight_decay",
+        opt.Adam(0.01, weight_decay=0.1),
+        optax.adamw(0.01, eps=1e-7, weight_decay=0.1),
+    ),
+    ("amsgrad", opt.Adam(0.01, amsgrad=True), optax.amsgrad(0.01, b1=0.9, b2=0.999, eps=1e-7)),
+    (
+        "adamw_amsgrad",
+        opt.AdamW(0.01, weight_decay=0.1, amsgrad=True),
+        optax.chain(
+            optax.scale_by_amsgrad(b1=0.9, b2=0.999, eps=1e-7),
+            optax.add_decayed_weights(0.1),
+            optax.scale(-0.01),
+        ),
+    ),
+    (
+        "sgd_weight_decay",
+        opt.SGD(0.1, weight_decay=0.01),
+        optax.chain(optax.add_decayed_weights(0.01), optax.sgd(0.1)),
+    ),
+    (
+        "sgd_clipnorm",
+        opt.SGD(0.1, clipnorm=0.5),
+        optax.chain(optax.clip_by_global_norm(0.5), optax.sgd(0.1)),
+    ),
+    ("sgd_clipvalue", opt.SGD(0.1, clipvalue=0.5), optax.chain(optax.clip(0.5), optax.sgd(0.1))),
+    (
+        "adagrad_loss_scale",
+        opt.Adagrad(0.1, loss_scale_factor=4.0),
+        optax.chain(optax.scale(0.25), optax.adagrad(0.1, initial_accumulator_value=0.1, eps=1e-7)),
+    ),
     (
         "adam_exponential_decay",
         opt.Adam(opt.ExponentialDecay(0.01, 10, 0.5)),
@@ -265,3 +298,65 @@ def test_gradients_of_every_kind_update_alike(cluster: LocalCluster) -> None:
     assert np.abs(ws["numpy"].read_value()).min() > 0  # updated at all
     for g, before in zip(grads, kept, strict=True):
         np.testing.assert_array_equal(g, before)
+
+
+def test_weight_decay_is_decoupled_and_comes_before_the_step(cluster: LocalCluster) -> None:
+    """Keras's order for every rule: ``param -= lr * weight_decay * param`` from the
+    parameter as it was, then the rule's step on the gradient alone (SGD's momentum trace
+    and RMSprop's averages never see the decay)."""
+    rng = np.random.default_rng(7)
+    start = rng.normal(size=6).astype(np.float32)
+    with strategy_for(cluster).scope() as strategy:
+        w = strategy.Variable(start, name="decayed")
+        r = strategy.Variable(start, name="decayed_rms")
+    sgd = opt.SGD(0.1, momentum=0.9, weight_decay=0.05, name="decayed")
+    rms = opt.RMSprop(0.01, weight_decay=0.2, name="decayed_rms")
+    params, trace = start.astype(np.float64), np.zeros(6)
+    rms_params, nu = start.astype(np.float64), np.zeros(6)
+    for _ in range(20):
+        grad = rng.normal(size=6).astype(np.float32)
+        sgd.apply_gradients([(grad, w)])
+        rms.apply_gradients([(grad, r)])
+        params -= 0.1 * 0.05 * params
+        trace = grad + 0.9 * trace
+        params -= 0.1 * trace
+        rms_params -= 0.01 * 0.2 * rms_params
+        nu = 0.9 * nu + 0.1 * grad.astype(np.float64) ** 2
+        rms_params -= 0.01 * grad / np.sqrt(nu + 1e-7)
+    np.testing.assert_allclose(w.read_value(), params, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(r.read_value(), rms_params, rtol=1e-5, atol=1e-5)
+
+
+def test_global_clipnorm_spans_every_gradient_of_one_call(cluster: LocalCluster) -> None:
+    with strategy_for(cluster).scope() as strategy:
+        a = strategy.Variable(np.zeros(2, np.float32), name="clip_a")
+        b = strategy.Variable(np.zeros(2, np.float32), name="clip_b")
+    sgd = opt.SGD(1.0, global_clipnorm=1.0, name="clipped")
+    # The global norm is 5 (3-4-0-0): both gradients shrink by 5, neither alone is clipped
+    # to 1.
+    sgd.apply_gradients(
+        {"a": np.array([3, 0], np.float32), "b": np.array([0, 4], np.float32)}, {"a": a, "b": b}
+    )
+    np.testing.assert_allclose(a.read_value(), [-0.6, 0.0], rtol=1e-6)
+    np.testing.assert_allclose(b.read_value(), [0.0, -0.8], rtol=1e-6)
+    # A pickled optimizer (a closure on a worker) keeps its clipping.
+    clone = cloudpickle.loads(cloudpickle.dumps(sgd))
+    clone.apply_gradients([(np.array([30, 0], np.float32), a)])
+    np.testing.assert_allclose(a.read_value(), [-1.6, 0.0], rtol=1e-6)
+
+
+def test_kerass_arguments_are_checked_and_what_the_ps_cannot_do_is_refused() -> None:
+    with pytest.raises(ValueError, match="only one of clipnorm, clipvalue and global_clipnorm"):
+        opt.SGD(clipnorm=1.0, clipvalue=0.5)
+    with pytest.raises(ValueError, match="clipnorm=-1"):
+        opt.Adam(clipnorm=-1)
+    with pytest.raises(ValueError, match="weight_decay"):
+        opt.RMSprop(weight_decay=float("nan"))
+    with pytest.raises(NotImplementedError, match="use_ema=True"):
+        opt.Adam(use_ema=True)
+    with pytest.raises(NotImplementedError, match="gradient_accumulation_steps"):
+        opt.AdamW(gradient_accumulation_steps=4)
+    # Keras's defaults are accepted as they are.
+    adam = opt.Adam(amsgrad=False, use_ema=False, ema_momentum=0.99, loss_scale_factor=None)
+    assert [slot for slot, _ in adam.spec.slots()] == ["m", "v"]
+    assert [slot for slot, _ in opt.Adam(amsgrad=True).spec.slots()] == ["m", "v", "v_max"]

@@ -41,8 +41,11 @@ def test_defaults_without_super_init_and_setters():
     assert resolver.environment == ""
     resolver.task_type, resolver.task_id, resolver.rpc_layer = "worker", 0, "grpc"
     assert (resolver.task_type, resolver.task_id, resolver.rpc_layer) == ("worker", 0, "grpc")
+    resolver.environment = "google"
+    assert resolver.environment == "google"
     # Setting on one instance leaves the class default alone.
     assert _Static({}).task_type is None
+    assert _Static({}).environment == ""
 
 
 def test_format_master_url():

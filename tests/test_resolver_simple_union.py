@@ -103,6 +103,8 @@ def test_union_takes_task_from_first_resolver_unless_overridden():
     union = UnionClusterResolver(first, second)
     assert (union.task_type, union.task_id, union.rpc_layer) == ("worker", 1, "grpc")
     assert union.environment == "env"
+    union.environment = "google"  # settable, as on every resolver; the first keeps its own
+    assert (union.environment, first.environment) == ("google", "env")
     assert union.num_accelerators() == {"TPU": 8}
     assert union.master() == "grpc://m"
     assert union.master("ps", 0) == "grpc://p0"

@@ -1814,6 +1814,7 @@ class OptimizerSpec:
         rho: float = 0.0,
         centered: bool = False,
         initial_accumulator_value: float = 0.0,
+        amsgrad: bool = False,
     ) -> OptimizerSpec: ...
     def slots(self) -> list[tuple[str, float]]:
         """The slots the ps keeps beside each variable, with their starting values."""

@@ -39,8 +39,9 @@ pub const HASH_LEN: usize = 32;
 /// Revision 2 added `ClosureError.ps_task`; revision 3 added the `RunClosures` stream;
 /// revision 4 added heartbeats and leases on `RunClosures`, `GetStatusResponse.previous_exit`
 /// and the connection counters; revision 5 added the ps's `ApplyUpdate` (optimizers applied
-/// on the parameter server).
-pub const PROTOCOL_REVISION: u32 = 5;
+/// on the parameter server); revision 6 added `OptimizerSpec.amsgrad` and made
+/// `OptimizerSpec.weight_decay` apply to every kind, not only `AdamW`.
+pub const PROTOCOL_REVISION: u32 = 6;
 
 /// Response metadata of `RunClosures` naming the worker's protocol revision, so a client
 /// knows before sending anything large whether the worker assembles chunked requests.

@@ -98,8 +98,13 @@ class ClusterResolver(abc.ABC):
 
     @property
     def environment(self) -> str | None:
-        """The cluster environment, e.g. ``"google"`` for TPU pods; ``''`` when none."""
+        """The cluster environment, e.g. ``"google"`` for TPU pods; ``''`` when none.
+        Settable, as ``task_type``, ``task_id`` and ``rpc_layer`` are."""
         return self._environment
+
+    @environment.setter
+    def environment(self, environment: str | None) -> None:
+        self._environment = environment
 
     def num_accelerators(
         self,

@@ -82,6 +82,8 @@ class UnionClusterResolver(ClusterResolver):
         self._task_type = task_type
         self._task_id = task_id
         self._rpc_layer = rpc_layer
+        #: An environment set on this resolver (``None``: the first resolver's).
+        self._environment_set: str | None = None
 
     def cluster_spec(self) -> ClusterSpec:
         """The merged cluster spec, re-resolved from every resolver on each call."""
@@ -154,8 +156,14 @@ class UnionClusterResolver(ClusterResolver):
 
     @property
     def environment(self) -> str | None:
-        """The first resolver's environment."""
+        """The environment set here, else the first resolver's."""
+        if self._environment_set is not None:
+            return self._environment_set
         return self._cluster_resolvers[0].environment
+
+    @environment.setter
+    def environment(self, environment: str | None) -> None:
+        self._environment_set = environment
 
     def num_accelerators(
         self,

@@ -4,6 +4,9 @@ ps applies the update to its variables atomically, with the optimizer's slots (`
 
 Arguments and defaults are Keras's; the math is optax's reference implementation (where
 the two differ, e.g. where Adam's ``epsilon`` goes, optax's is used and the class says so).
+Keras's shared arguments (``weight_decay``, ``clipnorm``, ``clipvalue``,
+``global_clipnorm``, ``loss_scale_factor``, ...) act as in Keras; ``use_ema`` and
+``gradient_accumulation_steps`` are refused when set (``_keras_options``).
 The step count is kept per variable shard on its ps (``<key>/<name>/iterations``) and
 incremented under the variable's lock by each update, so schedules and Adam's bias
 correction see exactly the updates that variable had, whatever the concurrency.
@@ -30,6 +33,7 @@ import numpy as np
 from jaxcluster import errors
 from jaxcluster._native import core
 from jaxcluster.strategy import _compression, _optimizer_state
+from jaxcluster.strategy._keras_options import KerasOptions
 from jaxcluster.strategy.variables import ParameterServerVariable
 
 __all__ = [
@@ -144,11 +148,12 @@ class Optimizer:
     ``<shard key>/<name>/<slot>``; ``name`` keeps two optimizers of one variable apart.
     """
 
-    def __init__(self, spec: core.OptimizerSpec, name: str) -> None:
+    def __init__(self, spec: core.OptimizerSpec, name: str, options: KerasOptions) -> None:
         if not name or "/" in name:
             raise ValueError(f"an optimizer name must be non-empty without '/'; got {name!r}")
         self._spec = spec
         self._name = name
+        self._options = options
 
     @property
     def name(self) -> str:
@@ -222,6 +227,7 @@ class Optimizer:
         _compression.check(compression, error_feedback)
         pairs, treedef = _pairs(grads_and_vars, variables)
         arrays = [variable._coerce(grad, "apply_gradients") for grad, variable in pairs]
+        arrays = self._options.process(arrays)
         residuals = _compression.initial_residuals(error_feedback, arrays, treedef)
         left: list[np.ndarray] = []
         for index, (array, (_, variable)) in enumerate(zip(arrays, pairs, strict=True)):
@@ -275,6 +281,19 @@ def _rebuild(cls: type[Any], kwargs: dict[str, Any]) -> Optimizer:
     return cls(**kwargs)  # type: ignore[no-any-return]
 
 
+def _arguments(given: dict[str, Any]) -> dict[str, Any]:
+    """An ``__init__``'s arguments from its ``locals()``: what pickling rebuilds it from."""
+    return {k: v for k, v in given.items() if k not in ("self", "__class__")}
+
+
+_OPTION_NAMES = frozenset(KerasOptions.__dataclass_fields__)
+
+
+def _options(arguments: dict[str, Any]) -> KerasOptions:
+    """Keras's shared arguments among an optimizer's, checked."""
+    return KerasOptions(**{k: v for k, v in arguments.items() if k in _OPTION_NAMES})
+
+
 class SGD(Optimizer):
     """SGD with optional (Nesterov) momentum; optax's ``sgd`` (for a constant rate the same
     as Keras's velocity form). Slot ``momentum`` when ``momentum > 0``.
@@ -287,25 +306,37 @@ class SGD(Optimizer):
         learning_rate: Schedule = 0.01,
         momentum: float = 0.0,
         nesterov: bool = False,
+        weight_decay: float | None = None,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
+        use_ema: bool = False,
+        ema_momentum: float = 0.99,
+        ema_overwrite_frequency: int | None = None,
+        loss_scale_factor: float | None = None,
+        gradient_accumulation_steps: int | None = None,
         name: str = "SGD",
     ) -> None:
-        self._kwargs = dict(
-            learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, name=name
-        )
+        self._kwargs = _arguments(locals())
+        options = _options(self._kwargs)
         spec = core.OptimizerSpec(
-            "sgd", momentum=momentum, nesterov=nesterov, **_schedule_fields(learning_rate)
+            "sgd",
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=options.decay,
+            **_schedule_fields(learning_rate),
         )
-        super().__init__(spec, name)
+        super().__init__(spec, name, options)
 
 
 class Adam(Optimizer):
     """Adam as optax's ``adam``: ``epsilon`` is added to ``sqrt(v_hat)`` (the bias-corrected
-    second moment), where Keras adds it to ``sqrt(v)``. Slots ``m`` and ``v``.
+    second moment), where Keras adds it to ``sqrt(v)``. Slots ``m`` and ``v``; with
+    ``amsgrad`` also ``v_max``, the largest ``v_hat`` so far (optax's ``amsgrad``; Keras keeps
+    the largest uncorrected ``v``). ``weight_decay`` makes it :class:`AdamW`.
 
     Example: ``Adam(learning_rate=1e-3).apply_gradients(grads, params)``
     """
-
-    _kind = "adam"
 
     def __init__(
         self,
@@ -313,19 +344,30 @@ class Adam(Optimizer):
         beta_1: float = 0.9,
         beta_2: float = 0.999,
         epsilon: float = 1e-7,
+        amsgrad: bool = False,
+        weight_decay: float | None = None,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
+        use_ema: bool = False,
+        ema_momentum: float = 0.99,
+        ema_overwrite_frequency: int | None = None,
+        loss_scale_factor: float | None = None,
+        gradient_accumulation_steps: int | None = None,
         name: str = "Adam",
     ) -> None:
-        self._kwargs = dict(
-            learning_rate=learning_rate, beta_1=beta_1, beta_2=beta_2, epsilon=epsilon, name=name
-        )
+        self._kwargs = _arguments(locals())
+        options = _options(self._kwargs)
         spec = core.OptimizerSpec(
-            self._kind,
+            "adam",
             beta_1=beta_1,
             beta_2=beta_2,
             epsilon=epsilon,
+            amsgrad=amsgrad,
+            weight_decay=options.decay,
             **_schedule_fields(learning_rate),
         )
-        super().__init__(spec, name)
+        super().__init__(spec, name, options)
 
 
 class AdamW(Optimizer):
@@ -342,25 +384,29 @@ class AdamW(Optimizer):
         beta_1: float = 0.9,
         beta_2: float = 0.999,
         epsilon: float = 1e-7,
+        amsgrad: bool = False,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
+        use_ema: bool = False,
+        ema_momentum: float = 0.99,
+        ema_overwrite_frequency: int | None = None,
+        loss_scale_factor: float | None = None,
+        gradient_accumulation_steps: int | None = None,
         name: str = "AdamW",
     ) -> None:
-        self._kwargs = dict(
-            learning_rate=learning_rate,
-            weight_decay=weight_decay,
-            beta_1=beta_1,
-            beta_2=beta_2,
-            epsilon=epsilon,
-            name=name,
-        )
+        self._kwargs = _arguments(locals())
+        options = _options(self._kwargs)
         spec = core.OptimizerSpec(
             "adamw",
             beta_1=beta_1,
             beta_2=beta_2,
             epsilon=epsilon,
-            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            weight_decay=options.decay,
             **_schedule_fields(learning_rate),
         )
-        super().__init__(spec, name)
+        super().__init__(spec, name, options)
 
 
 class RMSprop(Optimizer):
@@ -378,25 +424,29 @@ class RMSprop(Optimizer):
         momentum: float = 0.0,
         epsilon: float = 1e-7,
         centered: bool = False,
+        weight_decay: float | None = None,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
+        use_ema: bool = False,
+        ema_momentum: float = 0.99,
+        ema_overwrite_frequency: int | None = None,
+        loss_scale_factor: float | None = None,
+        gradient_accumulation_steps: int | None = None,
         name: str = "RMSprop",
     ) -> None:
-        self._kwargs = dict(
-            learning_rate=learning_rate,
-            rho=rho,
-            momentum=momentum,
-            epsilon=epsilon,
-            centered=centered,
-            name=name,
-        )
+        self._kwargs = _arguments(locals())
+        options = _options(self._kwargs)
         spec = core.OptimizerSpec(
             "rmsprop",
             rho=rho,
             momentum=momentum,
             epsilon=epsilon,
             centered=centered,
+            weight_decay=options.decay,
             **_schedule_fields(learning_rate),
         )
-        super().__init__(spec, name)
+        super().__init__(spec, name, options)
 
 
 class Adagrad(Optimizer):
@@ -411,21 +461,27 @@ class Adagrad(Optimizer):
         learning_rate: Schedule = 0.001,
         initial_accumulator_value: float = 0.1,
         epsilon: float = 1e-7,
+        weight_decay: float | None = None,
+        clipnorm: float | None = None,
+        clipvalue: float | None = None,
+        global_clipnorm: float | None = None,
+        use_ema: bool = False,
+        ema_momentum: float = 0.99,
+        ema_overwrite_frequency: int | None = None,
+        loss_scale_factor: float | None = None,
+        gradient_accumulation_steps: int | None = None,
         name: str = "Adagrad",
     ) -> None:
-        self._kwargs = dict(
-            learning_rate=learning_rate,
-            initial_accumulator_value=initial_accumulator_value,
-            epsilon=epsilon,
-            name=name,
-        )
+        self._kwargs = _arguments(locals())
+        options = _options(self._kwargs)
         spec = core.OptimizerSpec(
             "adagrad",
             initial_accumulator_value=initial_accumulator_value,
             epsilon=epsilon,
+            weight_decay=options.decay,
             **_schedule_fields(learning_rate),
         )
-        super().__init__(spec, name)
+        super().__init__(spec, name, options)
 
 
 def slot_keys(optimizer: Optimizer, variable: ParameterServerVariable) -> Iterable[str]:

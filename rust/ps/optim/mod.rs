@@ -38,7 +38,7 @@ pub enum Rule {
         /// Nesterov's look-ahead.
         nesterov: bool,
     },
-    /// Adam (`weight_decay == 0`) or `AdamW`.
+    /// Adam, and `AdamW` (Adam with a weight decay).
     Adam {
         /// First-moment decay.
         beta_1: f64,
@@ -46,8 +46,8 @@ pub enum Rule {
         beta_2: f64,
         /// Added to the root of the corrected second moment.
         epsilon: f64,
-        /// Decoupled weight decay (`AdamW`).
-        weight_decay: f64,
+        /// Divide by the largest corrected second moment seen (a `v_max` slot).
+        amsgrad: bool,
     },
     /// `RMSprop`.
     RmsProp {
@@ -69,13 +69,16 @@ pub enum Rule {
     },
 }
 
-/// A rule and its learning-rate schedule, checked.
+/// A rule, its learning-rate schedule and its weight decay, checked.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Optimizer {
     /// The update rule.
     pub rule: Rule,
     /// The learning rate by step.
     pub learning_rate: Schedule,
+    /// Keras's decoupled weight decay, for every rule: `param -= lr * weight_decay * param`
+    /// before the rule's step (0: none). For Adam this is `AdamW`, and optax's `adamw`.
+    pub weight_decay: f64,
 }
 
 fn schedule_from_pb(spec: Option<&pb::LearningRateSchedule>) -> Result<Schedule, String> {
@@ -124,11 +127,7 @@ impl Optimizer {
                 beta_1: spec.beta_1,
                 beta_2: spec.beta_2,
                 epsilon: spec.epsilon,
-                weight_decay: if spec.kind == Kind::Adamw as i32 {
-                    spec.weight_decay
-                } else {
-                    0.0
-                },
+                amsgrad: spec.amsgrad,
             },
             Kind::Rmsprop => Rule::RmsProp {
                 rho: spec.rho,
@@ -155,9 +154,16 @@ impl Optimizer {
                 ));
             }
         }
+        if !(spec.weight_decay.is_finite() && spec.weight_decay >= 0.0) {
+            return Err(format!(
+                "the optimizer has weight_decay {}; expected a finite number >= 0",
+                spec.weight_decay
+            ));
+        }
         Ok(Self {
             rule,
             learning_rate: schedule_from_pb(spec.learning_rate.as_ref())?,
+            weight_decay: spec.weight_decay,
         })
     }
 
@@ -167,7 +173,8 @@ impl Optimizer {
         match self.rule {
             Rule::Sgd { momentum, .. } if momentum > 0.0 => vec![("momentum", 0.0)],
             Rule::Sgd { .. } => vec![],
-            Rule::Adam { .. } => vec![("m", 0.0), ("v", 0.0)],
+            Rule::Adam { amsgrad: false, .. } => vec![("m", 0.0), ("v", 0.0)],
+            Rule::Adam { amsgrad: true, .. } => vec![("m", 0.0), ("v", 0.0), ("v_max", 0.0)],
             Rule::RmsProp {
                 momentum, centered, ..
             } => {
@@ -347,6 +354,13 @@ impl Optimizer {
     }
 
     fn rule_step<T: Real>(&self, lr: T, done: u64, p: &mut [T], g: &[T], s: &mut [&mut [T]]) {
+        if self.weight_decay != 0.0 {
+            // Keras's order: the decay first, from the parameter before this step.
+            let decay = T::of(self.weight_decay) * lr;
+            for x in p.iter_mut() {
+                *x = *x - decay * *x;
+            }
+        }
         let mut rest = s.iter_mut().map(|slot| &mut **slot);
         let mut next = || rest.next().unwrap_or_default();
         match self.rule {
@@ -357,18 +371,18 @@ impl Optimizer {
                 beta_1,
                 beta_2,
                 epsilon,
-                weight_decay,
+                amsgrad,
             } => {
                 let h = adam::Hyper {
                     beta_1: T::of(beta_1),
                     beta_2: T::of(beta_2),
                     epsilon: T::of(epsilon),
-                    weight_decay: T::of(weight_decay),
                 };
                 // optax counts in int32 and saturates; so does this.
                 let count = i32::try_from(done.saturating_add(1)).unwrap_or(i32::MAX);
                 let (mu, nu) = (next(), next());
-                adam::step(lr, h, count, p, g, mu, nu);
+                let nu_max = if amsgrad { next() } else { &mut [] };
+                adam::step(lr, h, count, p, g, &mut adam::Moments { mu, nu, nu_max });
             }
             Rule::RmsProp {
                 rho,

@@ -56,18 +56,49 @@ fn specs_become_rules_with_their_slots() {
         Optimizer::from_pb(Some(&ada)).unwrap().slots(),
         [("accumulator", 0.1)]
     );
-    // Adam ignores weight_decay; AdamW keeps it.
+    // Every rule keeps its weight decay (Keras's `weight_decay=` on every optimizer);
+    // AMSGrad adds a slot.
     let mut adam = spec(Kind::Adam, 0.1);
     adam.weight_decay = 0.5;
-    assert!(matches!(
-        Optimizer::from_pb(Some(&adam)).unwrap().rule,
-        Rule::Adam { weight_decay, .. } if weight_decay == 0.0
-    ));
-    adam.kind = Kind::Adamw as i32;
-    assert!(matches!(
-        Optimizer::from_pb(Some(&adam)).unwrap().rule,
-        Rule::Adam { weight_decay, .. } if weight_decay == 0.5
-    ));
+    assert_eq!(Optimizer::from_pb(Some(&adam)).unwrap().weight_decay, 0.5);
+    adam.amsgrad = true;
+    assert_eq!(
+        names(&Optimizer::from_pb(Some(&adam)).unwrap()),
+        ["m", "v", "v_max"]
+    );
+    let mut sgd = spec(Kind::Sgd, 0.1);
+    sgd.weight_decay = 0.25;
+    assert_eq!(Optimizer::from_pb(Some(&sgd)).unwrap().weight_decay, 0.25);
+}
+
+#[test]
+fn weight_decay_comes_first_from_the_parameter_before_the_step() {
+    use pb::optimizer_spec::Kind;
+    // SGD with momentum, Keras's order: p -= lr * wd * p, then the momentum step on the
+    // gradient alone (the decay does not enter the trace).
+    let mut with = spec(Kind::Sgd, 0.1);
+    with.momentum = 0.9;
+    with.weight_decay = 0.5;
+    let o = Optimizer::from_pb(Some(&with)).unwrap();
+    let mut p = 2.0f64.to_le_bytes();
+    let mut trace = 0.0f64.to_le_bytes();
+    o.apply(
+        DType::F64,
+        0,
+        &mut p,
+        &1.0f64.to_le_bytes(),
+        &mut [&mut trace],
+    );
+    // decay: 2 - 0.1 * 0.5 * 2 = 1.9; trace = g = 1 (optax's sgd); p = 1.9 - 0.1 * 1.
+    let p = f64::from_le_bytes(p);
+    assert!((p - 1.8).abs() < 1e-12, "{p}");
+    assert!((f64::from_le_bytes(trace) - 1.0).abs() < 1e-12);
+    for bad in [-0.1, f64::NAN, f64::INFINITY] {
+        let mut spec = spec(Kind::Adam, 0.1);
+        spec.weight_decay = bad;
+        let refused = Optimizer::from_pb(Some(&spec)).unwrap_err();
+        assert!(refused.contains("weight_decay"), "{refused}");
+    }
 }
 
 #[test]

@@ -54,9 +54,10 @@ impl PyOptimizerSpec {
         kind_name, *, schedule="constant", initial=0.0, decay_steps=0, decay_rate=0.0,
         staircase=false, alpha=0.0, boundaries=vec![], values=vec![], momentum=0.0,
         nesterov=false, beta_1=0.0, beta_2=0.0, epsilon=0.0, weight_decay=0.0, rho=0.0,
-        centered=false, initial_accumulator_value=0.0
+        centered=false, initial_accumulator_value=0.0, amsgrad=false
     ))]
-    #[allow(clippy::too_many_arguments)]
+    // Keras's keyword arguments, as Python passes them.
+    #[allow(clippy::too_many_arguments, clippy::fn_params_excessive_bools)]
     fn new(
         kind_name: &str,
         schedule: &str,
@@ -76,6 +77,7 @@ impl PyOptimizerSpec {
         rho: f64,
         centered: bool,
         initial_accumulator_value: f64,
+        amsgrad: bool,
     ) -> PyResult<Self> {
         let spec = pb::OptimizerSpec {
             kind: kind(kind_name)?,
@@ -98,6 +100,7 @@ impl PyOptimizerSpec {
             rho,
             centered,
             initial_accumulator_value,
+            amsgrad,
         };
         Optimizer::from_pb(Some(&spec)).map_err(PyValueError::new_err)?;
         Ok(Self { spec })
