@@ -125,7 +125,7 @@ impl LoggingBridge {
             .ok()?;
         let logger = logger.unbind();
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.insert(
+        let replaced = cache.insert(
             target,
             Cached {
                 logger: logger.clone_ref(py),
@@ -133,6 +133,9 @@ impl LoggingBridge {
                 read_at: Instant::now(),
             },
         );
+        // A Python object is released only after the lock is: no Python code under it.
+        drop(cache);
+        drop(replaced);
         Some((logger, level))
     }
 
@@ -151,8 +154,10 @@ impl LoggingBridge {
 
     /// Marks every cached level stale, so the next event of each target reads it again.
     fn invalidate(&self) {
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        cache.clear();
+        let cached =
+            std::mem::take(&mut *self.cache.lock().unwrap_or_else(PoisonError::into_inner));
+        // Released after the lock is, as in `refresh`.
+        drop(cached);
     }
 
     /// Hands `event` to its Python logger.
