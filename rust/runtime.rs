@@ -55,13 +55,10 @@ fn threads_for(set: Option<&str>, cores: usize) -> Read<usize> {
 /// The runtime's worker threads, read once per process.
 fn configured_threads() -> usize {
     static THREADS: Setting<usize> = Setting::new();
-    *THREADS.get(
-        || {
-            let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
-            threads_for(std::env::var(THREADS_ENV).ok().as_deref(), cores)
-        },
-        |refused| tracing::warn!(target: crate::log_target::SETTINGS, "{refused}"),
-    )
+    *THREADS.get(|| {
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        threads_for(std::env::var(THREADS_ENV).ok().as_deref(), cores)
+    })
 }
 
 /// The runtime together with the process that created it.

@@ -68,17 +68,25 @@ impl<T> Setting<T> {
         }
     }
 
-    /// The setting's value, read by `read` on first use. A refusal is handed to `warn`
-    /// once per process, after the lock is released: `warn` logs it under the reader's
-    /// target (a `tracing` target must be a constant at the call site).
-    pub fn get(&self, read: impl FnOnce() -> Read<T>, warn: impl FnOnce(&str)) -> &T {
-        let got = self.read.get_or_init(read);
-        if let Some(refused) = &got.refused {
-            if !self.told.swap(true, Ordering::AcqRel) {
-                warn(refused);
-            }
+    /// The setting's value, read by `read` on first use. A refusal is logged once per
+    /// process under `jaxcluster.settings`, after the lock is released.
+    pub fn get(&self, read: impl FnOnce() -> Read<T>) -> &T {
+        let (value, refused) = self.read_once(read);
+        if let Some(refused) = refused {
+            tracing::warn!(target: crate::log_target::SETTINGS, "{refused}");
         }
-        &got.value
+        value
+    }
+
+    /// The value, and the refusal for the one caller (per process) that is to tell it;
+    /// returned, so that it is told with the lock released.
+    fn read_once(&self, read: impl FnOnce() -> Read<T>) -> (&T, Option<&str>) {
+        let got = self.read.get_or_init(read);
+        let tell = got
+            .refused
+            .as_deref()
+            .filter(|_| !self.told.swap(true, Ordering::AcqRel));
+        (&got.value, tell)
     }
 }
 
@@ -91,7 +99,6 @@ impl<T> Default for Setting<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
 
     fn whole(text: &str) -> Option<u32> {
         text.parse().ok()
@@ -115,34 +122,33 @@ mod tests {
     #[test]
     fn a_refusal_is_told_once_however_many_threads_read_the_setting() {
         static SETTING: Setting<u32> = Setting::new();
-        static TOLD: AtomicUsize = AtomicUsize::new(0);
         let threads: Vec<_> = (0..16)
             .map(|_| {
                 std::thread::spawn(|| {
-                    *SETTING.get(
-                        || Read::parse("X", Some("-1"), whole, "a whole number", || 5),
-                        |_| {
-                            TOLD.fetch_add(1, Ordering::SeqCst);
-                        },
-                    )
+                    let (value, tell) = SETTING
+                        .read_once(|| Read::parse("X", Some("-1"), whole, "a whole number", || 5));
+                    (*value, tell.is_some())
                 })
             })
             .collect();
+        let mut told = 0;
         for thread in threads {
-            assert_eq!(thread.join().unwrap(), 5);
+            let (value, tell) = thread.join().unwrap();
+            assert_eq!(value, 5);
+            told += usize::from(tell);
         }
-        assert_eq!(TOLD.load(Ordering::SeqCst), 1);
+        assert_eq!(told, 1);
     }
 
     #[test]
-    fn the_warning_runs_outside_the_lock_so_it_may_read_the_setting_again() {
+    fn the_refusal_is_told_outside_the_lock_so_the_teller_may_read_the_setting_again() {
         static SETTING: Setting<u32> = Setting::new();
         // A warning that reads the setting (as a logger taking the GIL might make another
-        // thread do) would deadlock if it ran inside `get_or_init`.
-        let value = *SETTING.get(
-            || Read::parse("X", Some("x"), whole, "a whole number", || 9),
-            |_| assert_eq!(*SETTING.get(|| unreachable!(), |_| {}), 9),
-        );
-        assert_eq!(value, 9);
+        // thread do) would deadlock if it were told inside `get_or_init`.
+        let (value, tell) =
+            SETTING.read_once(|| Read::parse("X", Some("x"), whole, "a whole number", || 9));
+        assert!(tell.is_some());
+        assert_eq!(*SETTING.get(|| unreachable!()), 9);
+        assert_eq!(*value, 9);
     }
 }

@@ -52,13 +52,10 @@ const ROUNDS_BEFORE_YIELD: u32 = 4;
 /// process.
 pub fn configured_budget() -> Duration {
     static BUDGET: Setting<Duration> = Setting::new();
-    *BUDGET.get(
-        || {
-            let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
-            budget_for(std::env::var(BUDGET_ENV).ok().as_deref(), cores)
-        },
-        |refused| tracing::warn!(target: crate::log_target::SETTINGS, "{refused}"),
-    )
+    *BUDGET.get(|| {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        budget_for(std::env::var(BUDGET_ENV).ok().as_deref(), cores)
+    })
 }
 
 /// The budget [`BUDGET_ENV`]'s value `set` (if any) gives on a machine of `cores`. A value

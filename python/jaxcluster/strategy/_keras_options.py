@@ -63,13 +63,6 @@ class KerasOptions:
             )
         for name in ("clipnorm", "clipvalue", "global_clipnorm", "loss_scale_factor"):
             object.__setattr__(self, name, _positive(name, getattr(self, name)))
-        if self.weight_decay is not None:
-            decay = float(self.weight_decay)
-            if not (math.isfinite(decay) and decay >= 0):
-                raise ValueError(
-                    f"weight_decay={self.weight_decay!r} is not valid; expected a number "
-                    ">= 0 or None"
-                )
         if self.use_ema:
             raise NotImplementedError(
                 "use_ema=True is not supported by the ps optimizers yet (the ps keeps no "
@@ -85,7 +78,8 @@ class KerasOptions:
 
     @property
     def decay(self) -> float:
-        """The weight decay the ps applies (0: none)."""
+        """The weight decay the ps applies (0: none); ``core.OptimizerSpec`` checks it, as
+        the ps does."""
         return float(self.weight_decay or 0.0)
 
     def process(self, grads: list[np.ndarray]) -> list[np.ndarray]:

@@ -512,7 +512,8 @@ impl<T: WorkerTransport> Link<T> {
         debug_assert!(verdict.is_ok(), "a link settled a closure it did not take");
     }
 
-    /// Re-queues a closure that started (or may have) and must run again.
+    /// Re-queues a closure that started (or may have) and must run again; once the
+    /// dispatcher is stopping, the stopped queue cancels it instead.
     fn put_back(&self, closure: Closure) {
         if closure.pinned().is_some() {
             return self.give_back(closure);
@@ -527,20 +528,18 @@ impl<T: WorkerTransport> Link<T> {
                 closure.id(),
                 self.address(),
             );
-            let verdict = self.shared.queue.put_back(Work::Closure(closure));
-            debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
-            return;
+        } else {
+            Counters::bump(&self.shared.counters.retried);
+            Counters::bump(&self.status.counters.retried);
+            tracing::debug!(
+                target: DISPATCH,
+                worker = self.address(),
+                closure_id = closure.id(),
+                "closure {} goes back to the queue to run again (it was on worker {})",
+                closure.id(),
+                self.address(),
+            );
         }
-        Counters::bump(&self.shared.counters.retried);
-        Counters::bump(&self.status.counters.retried);
-        tracing::debug!(
-            target: DISPATCH,
-            worker = self.address(),
-            closure_id = closure.id(),
-            "closure {} goes back to the queue to run again (it was on worker {})",
-            closure.id(),
-            self.address(),
-        );
         let verdict = self.shared.queue.put_back(Work::Closure(closure));
         debug_assert!(verdict.is_ok(), "a link put back a closure it did not take");
     }
