@@ -3,7 +3,13 @@
 Two local workers run a trivial ``f(x) = x + 1``. For jaxcluster, Ray's Compiled Graph (an
 actor method compiled as a one-node graph with ``experimental_compile()``) and a plain Ray
 task, in interleaved repetitions of the same run: sequential schedule -> fetch round trips
-(p50, p99, mean) and closures/s with many in flight. Then, for jaxcluster only:
+(p50, p99, mean) and closures/s with many in flight. A second jaxcluster, in processes of
+its own, runs beside the first with ``JAXCLUSTER_SPIN_US`` set (``--second-spin-us``,
+default 0: the spin off, against this process's default). Each side's serial round trips
+follow the same warm-up (:data:`WARM_UP_S`). Ray's graph is compiled for each of its
+repetitions and torn down after it, since its actor polls on a core of its own while the
+graph is compiled, even idle, and must not do so under the other sides' repetitions.
+Then, for jaxcluster only:
 
 - where a round trip's time goes, hop by hop: the closure returns ``time.monotonic_ns()``
   taken on the worker as it starts and ends (``CLOCK_MONOTONIC`` is one clock for every
@@ -13,8 +19,10 @@ task, in interleaved repetitions of the same run: sequential schedule -> fetch r
   coordinator" from "the fetching thread's wake-up";
 - how many times each thread sleeps and is woken per round trip (voluntary context
   switches from ``/proc/<pid>/task/<tid>/status``);
-- idle CPU of the coordinator and of each worker over 5 s with nothing scheduled
-  (``/proc/<pid>/stat`` ticks, and wake-ups/s from the context switches; Linux only).
+- idle CPU over 5 s with nothing scheduled (``/proc/<pid>/stat`` ticks, and wake-ups/s
+  from the context switches; Linux only): of the coordinator and of each worker, and of
+  every side's processes together (Ray's: the driver, ``gcs_server``, ``raylet`` and the
+  actors below it, with the graph compiled).
 
 A TCP echo of 16 bytes between two Python processes (``tcp_echo.py``) runs in the same
 repetitions: the floor of a round trip with one wake-up each way.
@@ -53,7 +61,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from thread_wakeups import idle_cpu, perf_sched, wakeups_per_round_trip
+from thread_wakeups import idle_cpu, perf_sched, tree_idle_cpu, wakeups_per_round_trip
 
 WORKERS = 2
 IN_FLIGHT_CG = 8  # Ray compiled graphs bound executions in flight; 8 is what issue 26 used
@@ -84,10 +92,20 @@ def summary(ns: list[int]) -> dict[str, float]:
     }
 
 
+#: Each side's serial round trips follow this long a warm-up, the same for every side. A
+#: Ray Compiled Graph just compiled runs at about twice its settled latency for its first
+#: 0.1-0.4 s (measured on the 2-core machine: 75-85 us, then 33 us).
+WARM_UP_S = 1.0
+
+
 def serial(call: Callable[[int], Any], n: int) -> dict[str, float]:
-    """``n`` sequential round trips after a warm-up; their latency summary."""
-    for i in range(min(200, n)):
+    """``n`` sequential round trips after a warm-up (:data:`WARM_UP_S`, and at least 200
+    round trips); their latency summary."""
+    until = time.perf_counter() + WARM_UP_S
+    i = 0
+    while i < 200 or time.perf_counter() < until:
         call(i)
+        i += 1
     took = []
     for i in range(n):
         t0 = time.perf_counter_ns()
@@ -100,7 +118,12 @@ def serial(call: Callable[[int], Any], n: int) -> dict[str, float]:
 
 
 def ray_child() -> int:
-    """Runs in Ray's virtualenv: answers each stdin line ``N_SERIAL N_MANY`` with a JSON line."""
+    """Runs in Ray's virtualenv: answers each stdin line with a JSON line, ``N_SERIAL
+    N_MANY`` with its figures and ``idle SECONDS`` with the CPU its processes use meanwhile.
+
+    The graph is compiled for each line and torn down after it: a compiled graph's actor
+    polls its input channel on a core of its own while it waits (``idle`` measures that),
+    which must not run under the other side's repetitions."""
     import ray
     from ray.dag import InputNode
 
@@ -116,56 +139,92 @@ def ray_child() -> int:
         return x + 1
 
     actor = Adder.remote()  # type: ignore[attr-defined]
-    with InputNode() as given:
-        dag = actor.f.bind(given)
-    try:
-        graph = dag.experimental_compile(_max_inflight_executions=IN_FLIGHT_CG)
-    except TypeError:  # a Ray without the knob
-        graph = dag.experimental_compile()
+
+    def compiled() -> Any:
+        with InputNode() as given:
+            dag = actor.f.bind(given)
+        try:
+            return dag.experimental_compile(_max_inflight_executions=IN_FLIGHT_CG)
+        except TypeError:  # a Ray without the knob
+            return dag.experimental_compile()
+
     print(_MARK + json.dumps({"ray": ray.__version__}), flush=True)
     for line in sys.stdin:
-        n_serial, n_many = (int(v) for v in line.split())
-        cg = serial(lambda i: ray.get(graph.execute(i)), n_serial)
-        started = time.perf_counter()
-        done = 0
-        while done < n_many:
-            ray.get([graph.execute(i) for i in range(IN_FLIGHT_CG)])
-            done += IN_FLIGHT_CG
-        cg["rate"] = done / (time.perf_counter() - started)
+        command, *numbers = line.split()
+        graph = compiled()
+        try:
+            ray.get(graph.execute(0))
+            if command == "idle":
+                print(_MARK + json.dumps({"idle": tree_idle_cpu(os.getpid(), float(numbers[0]))}))
+                sys.stdout.flush()
+                continue
+            n_serial, n_many = int(command), int(numbers[0])
+            cg = serial(lambda i, g=graph: ray.get(g.execute(i)), n_serial)
+            started = time.perf_counter()
+            done = 0
+            while done < n_many:
+                ray.get([graph.execute(i) for i in range(IN_FLIGHT_CG)])
+                done += IN_FLIGHT_CG
+            cg["rate"] = done / (time.perf_counter() - started)
+        finally:
+            graph.teardown()
         plain = serial(lambda i: ray.get(task.remote(i)), max(200, n_serial // 4))
         started = time.perf_counter()
         ray.get([task.remote(i) for i in range(max(1000, n_many // 10))])
         plain["rate"] = max(1000, n_many // 10) / (time.perf_counter() - started)
         print(_MARK + json.dumps({"cg": cg, "task": plain}), flush=True)
-    graph.teardown()
     ray.shutdown()
     return 0
 
 
-class RayChild:
-    """The Ray side, alive across repetitions so Ray starts once."""
+def jaxcluster_child() -> int:
+    """Another jaxcluster (a coordinator and its workers) with the ``JAXCLUSTER_SPIN_US``
+    the parent set: it is read once per process, so the variant needs processes of its own.
+    Answers stdin lines as :func:`ray_child` does."""
+    from jaxcluster import LocalCluster
 
-    def __init__(self, python: str) -> None:
+    with LocalCluster(WORKERS) as cluster, cluster.coordinator() as coordinator:
+        pids = {"coordinator": os.getpid()}
+        pids.update({f"worker {i}": cluster.worker_pid(i) for i in range(WORKERS)})
+        print(_MARK + json.dumps({"spin_us": os.environ.get("JAXCLUSTER_SPIN_US")}), flush=True)
+        for line in sys.stdin:
+            command, *numbers = line.split()
+            if command == "idle":
+                used = idle_cpu(pids, float(numbers[0]))
+                answer = {"idle": {process: pct for process, (pct, _) in used.items()}}
+            else:
+                answer = {"jc2": jaxcluster_rep(coordinator, int(command), int(numbers[0]))}
+            print(_MARK + json.dumps(answer), flush=True)
+    return 0
+
+
+class Child:
+    """A side measured in a process of its own, alive across repetitions so it starts once."""
+
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self._proc = subprocess.Popen(
-            [python, __file__, "--ray-child"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
         )
-        self.version = self._answer()["ray"]
+        self.hello = self._answer()
 
     def _answer(self) -> dict:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
             if line.startswith(_MARK):
                 return json.loads(line[len(_MARK) :])
-        raise RuntimeError(f"the Ray child exited ({self._proc.wait()}) without answering")
+        raise RuntimeError(f"{self._proc.args} exited ({self._proc.wait()}) without answering")
 
-    def run(self, n_serial: int, n_many: int) -> dict:
+    def ask(self, line: str) -> dict:
         assert self._proc.stdin is not None
-        self._proc.stdin.write(f"{n_serial} {n_many}\n")
+        self._proc.stdin.write(line + "\n")
         self._proc.stdin.flush()
         return self._answer()
+
+    def run(self, n_serial: int, n_many: int) -> dict:
+        return self.ask(f"{n_serial} {n_many}")
+
+    def idle(self, seconds: float = 5.0) -> dict[str, float]:
+        return self.ask(f"idle {seconds}")["idle"]
 
     def close(self) -> None:
         assert self._proc.stdin is not None
@@ -274,17 +333,20 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
 
 
-def report(reps: list[dict], ray_version: str | None) -> None:
+def report(reps: list[dict], ray_version: str | None, second: str | None) -> None:
     print("\nmedian (min-max) of the repetitions")
     rows = [("p50 us", "p50_us"), ("p99 us", "p99_us"), ("mean us", "mean_us")]
     rows.append(("closures/s, many", "rate"))
-    names = ["jaxcluster"] + ([f"Ray {ray_version} CG", "Ray task"] if ray_version else [])
-    print(f"{'':<18}" + "".join(f"{name:>26}" for name in names))
+    sides = [("jaxcluster", "jc")]
+    if second is not None:
+        sides.append((second, "jc2"))
+    if ray_version:
+        sides += [(f"Ray {ray_version} CG", "cg"), ("Ray task", "task")]
+    width = max(26, *(len(name) + 2 for name, _ in sides))
+    print(f"{'':<18}" + "".join(f"{name:>{width}}" for name, _ in sides))
     for label, key in rows:
-        cells = [spread([r["jc"][key] for r in reps])]
-        if ray_version:
-            cells += [spread([r["cg"][key] for r in reps]), spread([r["task"][key] for r in reps])]
-        print(f"{label:<18}" + "".join(f"{cell:>26}" for cell in cells))
+        cells = [spread([r[side][key] for r in reps]) for _, side in sides]
+        print(f"{label:<18}" + "".join(f"{cell:>{width}}" for cell in cells))
     for key in ("p50_us", "p99_us"):
         echo = [r["echo"][key] for r in reps]
         ratios = [r["jc"][key] / r["echo"][key] for r in reps]
@@ -292,17 +354,26 @@ def report(reps: list[dict], ray_version: str | None) -> None:
             f"TCP echo of 16 bytes between 2 Python processes, {key[:-3]}: {spread(echo)} us;"
             f" jaxcluster / echo: median {statistics.median(ratios):.2f}"
         )
-    if ray_version:
+    if not ray_version:
+        print("Ray skipped: pass --ray-python PATH (see this file's docstring for the venv)")
+        return
+    for name, side in sides[: 1 if second is None else 2]:
         for key in ("p50_us", "p99_us", "mean_us"):
-            ratios = [r["jc"][key] / r["cg"][key] for r in reps]
+            ratios = [r[side][key] / r["cg"][key] for r in reps]
             print(
-                f"ratio jaxcluster / Ray CG, {key[:-3]}: median {statistics.median(ratios):.2f}"
+                f"ratio {name} / Ray CG, {key[:-3]}: median {statistics.median(ratios):.2f}"
                 f" (per repetition: {', '.join(f'{v:.2f}' for v in ratios)})"
             )
-        ratios = [r["jc"]["rate"] / r["cg"]["rate"] for r in reps]
-        print(f"ratio closures/s, jaxcluster / Ray CG: median {statistics.median(ratios):.1f}")
-    else:
-        print("Ray skipped: pass --ray-python PATH (see this file's docstring for the venv)")
+        ratios = [r[side]["rate"] / r["cg"]["rate"] for r in reps]
+        print(f"ratio closures/s, {name} / Ray CG: median {statistics.median(ratios):.1f}")
+
+
+def report_idle(idle: dict[str, dict[str, float]]) -> None:
+    """Idle CPU of each side, all of its processes together, and its busiest process."""
+    print("\nidle, 5 s after the last round trip, every process of the side together")
+    for side, used in idle.items():
+        name, most = max(used.items(), key=lambda kv: kv[1])
+        print(f"  {side:<36} {sum(used.values()):>6.1f}% of a core  (busiest: {name}, {most:.1f}%)")
 
 
 def report_hops(hops: list[dict[str, float]]) -> None:
@@ -361,17 +432,33 @@ def main() -> int:
     parser.add_argument("-n", type=int, default=2000, help="serial round trips per repetition")
     parser.add_argument("--many", type=int, default=20_000, help="closures in the burst")
     parser.add_argument("--perf", action="store_true", help="perf sched the round trip (root)")
+    parser.add_argument(
+        "--second-spin-us",
+        default="0",
+        metavar="US",
+        help="also a jaxcluster of its own processes with JAXCLUSTER_SPIN_US=US (default 0: "
+        "the spin off, beside this process's default; '' skips it)",
+    )
     parser.add_argument("--ray-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--jaxcluster-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.ray_child:
         return ray_child()
+    if args.jaxcluster_child:
+        return jaxcluster_child()
     from jaxcluster import LocalCluster
     from tcp_echo import EchoServer
 
     print(f"load average at start: {os.getloadavg()}, cores: {os.cpu_count()}")
-    ray = RayChild(args.ray_python) if args.ray_python else None
+    ray = Child([args.ray_python, __file__, "--ray-child"]) if args.ray_python else None
+    other = second = None
+    if args.second_spin_us:
+        second = f"jaxcluster, JAXCLUSTER_SPIN_US={args.second_spin_us}"
+        env = {**os.environ, "JAXCLUSTER_SPIN_US": args.second_spin_us}
+        other = Child([sys.executable, __file__, "--jaxcluster-child"], env)
     reps: list[dict] = []
     hops: list[dict[str, float]] = []
+    idle: dict[str, dict[str, float]] = {}
     try:
         with (
             EchoServer() as port,
@@ -383,8 +470,9 @@ def main() -> int:
             for rep in range(args.reps):
                 row = {"jc": jaxcluster_rep(coordinator, args.n, args.many)}
                 row["echo"] = echo_rep(port, args.n)
-                if ray is not None:
-                    row.update(ray.run(args.n, args.many))
+                for child in (other, ray):
+                    if child is not None:
+                        row.update(child.run(args.n, args.many))
                 hops.append(hop_profile(coordinator, args.n // 2))
                 reps.append(row)
                 print(f"repetition {rep + 1}: " + json.dumps(row))
@@ -397,17 +485,25 @@ def main() -> int:
             if args.perf:
                 with tempfile.TemporaryDirectory() as folder:
                     sched = perf_sched(round_trip, pids, args.n // 2, folder)
-            idle = idle_cpu(pids)
+            round_trip(0)
+            used = idle_cpu(pids)
+            idle["jaxcluster"] = {process: pct for process, (pct, _) in used.items()}
+            if other is not None and second is not None:
+                idle[second] = other.idle()
+            if ray is not None:
+                idle["Ray CG (graph compiled)"] = ray.idle()
     finally:
-        if ray is not None:
-            ray.close()
-    report(reps, ray.version if ray is not None else None)
+        for child in (other, ray):
+            if child is not None:
+                child.close()
+    report(reps, ray.hello["ray"] if ray is not None else None, second)
     report_hops(hops)
     report_wakeups(moved, args.n)
     report_sched(sched)
     print("\nidle, 5 s with nothing scheduled (/proc/<pid>/stat ticks, context switches)")
-    for process, (pct, wakes) in sorted(idle.items()):
+    for process, (pct, wakes) in sorted(used.items()):
         print(f"  {process:<12} {pct:>5.1f}% of a core, {wakes:>6.0f} wake-ups/s")
+    report_idle(idle)
     print(f"load average at end: {os.getloadavg()}")
     return 0
 

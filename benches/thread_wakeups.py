@@ -178,3 +178,43 @@ def idle_cpu(pids: dict[str, int], seconds: float = 5.0) -> dict[str, tuple[floa
         pct, wakes = out.get(process, (0.0, 0.0))
         out[process] = (pct + cpu / seconds * 100, wakes + (vol + invol) / seconds)
     return out
+
+
+def _processes() -> dict[int, tuple[int, str, float]]:
+    """Every process: its parent, name and CPU seconds so far."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # it ended meanwhile
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        rest = stat[stat.rindex(")") + 2 :].split()
+        out[int(entry.name)] = (int(rest[1]), name, (int(rest[11]) + int(rest[12])) / _TICK)
+    return out
+
+
+def _descendants(root: int, table: dict[int, tuple[int, str, float]]) -> set[int]:
+    found, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _, _) in table.items() if ppid == parent]
+        found.update(children)
+        frontier.extend(children)
+    return found
+
+
+def tree_idle_cpu(root: int, seconds: float = 5.0) -> dict[str, float]:
+    """% of one core used over ``seconds`` by ``root`` and every process below it (a Ray
+    driver's ``gcs_server``, ``raylet`` and actors are its descendants), by process name."""
+    before = _processes()
+    time.sleep(seconds)
+    after = _processes()
+    used: dict[str, float] = {}
+    for pid in _descendants(root, after):
+        if pid in before and before[pid][1] == after[pid][1]:
+            name = after[pid][1]
+            used[name] = used.get(name, 0.0) + (after[pid][2] - before[pid][2]) / seconds * 100
+    return used

@@ -15,14 +15,23 @@
 //! soon parks at once, and the CPU a spin can cost is bounded by the budget times the rate
 //! of waits.
 //!
-//! Spinning pays only where a core is free for the spinner: on a 2-core machine running a
-//! coordinator and two workers a 500 µs budget cut a serial round trip's p50 by 10-36%, but
-//! with other work on the cores its p99 rose (`docs/benchmarks.md`). So it is on by default only where the process may use at least
-//! [`MIN_CORES_TO_SPIN`] cores. `JAXCLUSTER_SPIN_US` sets the budget in microseconds
+//! Spinning pays only where a core is free for the spinner, which no cheap reading tells
+//! from inside the process; so each site also tries parking at once now and then and keeps
+//! whichever way its short waits took less time (`trial.rs`). On the 2-core machine a
+//! serial loop's p50 fell from 127 to 85 µs with the spin on a quiet machine, and the
+//! trials keep it parked where a busy process beside it made the spin slower
+//! (`docs/benchmarks.md`). So spinning is on by default wherever the process may use at
+//! least [`MIN_CORES_TO_SPIN`] cores; `JAXCLUSTER_SPIN_US` sets the budget in microseconds
 //! either way (`0` turns spinning off).
 
+mod trial;
+
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
+pub use trial::Way;
+
+use trial::Trials;
 
 use crate::setting::{Read, Setting};
 
@@ -31,11 +40,15 @@ use crate::setting::{Read, Setting};
 pub const DEFAULT_BUDGET_US: u64 = 500;
 
 /// The fewest cores (`available_parallelism`: affinity and cgroup quota included) with which
-/// spinning is on by default.
-pub const MIN_CORES_TO_SPIN: usize = 8;
+/// spinning is on by default: on one core a spinner only delays the thread it waits for.
+pub const MIN_CORES_TO_SPIN: usize = 2;
 
 /// The environment variable that sets the budget in microseconds (`0`: never spin).
 pub const BUDGET_ENV: &str = "JAXCLUSTER_SPIN_US";
+
+/// The most a wait counts for in the trials of spinning against parking, in full budgets:
+/// a stall counts, but one does not outweigh a trial.
+const TRIAL_CAP: u64 = 8;
 
 /// How many waits a site that gave up at its floor parks at once before it spins again.
 pub const REST_CALLS: u32 = 64;
@@ -93,6 +106,9 @@ pub struct Spin {
     budget_ns: AtomicU64,
     /// Waits left to park at once while resting.
     rest: AtomicU32,
+    /// Whether spinning pays here: the way kept, and the trial of the other (a leaf lock,
+    /// taken under the callers' locks and taking none).
+    trials: Mutex<Trials>,
 }
 
 /// What [`Spin::until`] saw, kept by the waiter until its wait is over
@@ -103,12 +119,16 @@ pub struct Spun {
     seen: bool,
     /// When a spin that did not see the flag began (`None`: seen, or the site is off).
     in_vain_since: Option<Instant>,
+    /// When a wait the site's trials count began (`None`: the site is off or resting),
+    /// and which way it went.
+    began: Option<(Instant, Way)>,
 }
 
 impl Spun {
     const SEEN: Self = Self {
         seen: true,
         in_vain_since: None,
+        began: None,
     };
 
     /// Whether `ready()` held: the caller need not park.
@@ -128,6 +148,7 @@ impl Spin {
             full_ns: AtomicU64::new(UNSET),
             budget_ns: AtomicU64::new(UNSET),
             rest: AtomicU32::new(0),
+            trials: Mutex::new(Trials::new()),
         }
     }
 
@@ -140,6 +161,7 @@ impl Spin {
             full_ns: AtomicU64::new(ns),
             budget_ns: AtomicU64::new(ns),
             rest: AtomicU32::new(0),
+            trials: Mutex::new(Trials::new()),
         }
     }
 
@@ -159,9 +181,20 @@ impl Spin {
             return Spun {
                 seen: false,
                 in_vain_since,
+                began: None,
             };
         }
+        let way = self.trials().way();
         let start = Instant::now();
+        let began = Some((start, way));
+        if way == Way::Park {
+            // Kept or tried: parking at once, the budget left as it is.
+            return Spun {
+                seen: ready(),
+                in_vain_since: None,
+                began,
+            };
+        }
         let own_stop = start + Duration::from_nanos(budget);
         let (stop, cut_short) = match deadline {
             Some(deadline) if deadline < own_stop => (deadline, true),
@@ -172,14 +205,20 @@ impl Spin {
             for _ in 0..SPINS_PER_ROUND {
                 if ready() {
                     self.saw_it();
-                    return Spun::SEEN;
+                    return Spun {
+                        began,
+                        ..Spun::SEEN
+                    };
                 }
                 std::hint::spin_loop();
             }
             if Instant::now() >= stop {
                 if ready() {
                     self.saw_it();
-                    return Spun::SEEN;
+                    return Spun {
+                        began,
+                        ..Spun::SEEN
+                    };
                 }
                 if !cut_short {
                     self.gave_up();
@@ -187,6 +226,7 @@ impl Spin {
                 return Spun {
                     seen: false,
                     in_vain_since: Some(start),
+                    began,
                 };
             }
             rounds += 1;
@@ -210,6 +250,22 @@ impl Spin {
         if let Some(began) = spun.in_vain_since {
             self.ended_after(began.elapsed());
         }
+        if let Some((began, way)) = spun.began {
+            let cap = self
+                .full_ns
+                .load(Ordering::Relaxed)
+                .saturating_mul(TRIAL_CAP);
+            self.trials().record(way, nanos(began.elapsed()).min(cap));
+        }
+    }
+
+    /// The way this site keeps between trials (tests, metrics).
+    pub fn kept_way(&self) -> Way {
+        self.trials().kept()
+    }
+
+    fn trials(&self) -> MutexGuard<'_, Trials> {
+        self.trials.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The budget for this wait in nanoseconds (0: park at once), counting down a rest.
@@ -348,6 +404,7 @@ mod tests {
         let long_ago = Spun {
             seen: false,
             in_vain_since: Instant::now().checked_sub(Duration::from_micros(500)),
+            began: None,
         };
         spin.wait_ended(long_ago);
         assert_eq!(
@@ -383,9 +440,9 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_is_on_by_default_only_with_enough_cores_and_the_variable_wins() {
+    fn the_budget_is_on_by_default_only_with_two_cores_or_more_and_the_variable_wins() {
         let budget = |set, cores| budget_for(set, cores).value;
-        assert_eq!(budget(None, 2), Duration::ZERO);
+        assert_eq!(budget(None, 1), Duration::ZERO);
         assert_eq!(
             budget(None, MIN_CORES_TO_SPIN),
             Duration::from_micros(DEFAULT_BUDGET_US)
@@ -414,6 +471,82 @@ mod tests {
         }
         assert_eq!(spin.current_budget(), Duration::ZERO, "resting");
         assert!(!spin.is_off(), "a resting site is not off");
+    }
+
+    #[test]
+    fn a_site_that_keeps_parking_looks_once_and_leaves_its_budget_alone() {
+        let spin = Spin::with_budget(Duration::from_millis(200));
+        *spin.trials() = Trials::keeping(Way::Park);
+        for _ in 0..3 {
+            let mut looks = 0;
+            let outcome = spin.until(None, || {
+                looks += 1;
+                false
+            });
+            assert!(!outcome.seen());
+            assert_eq!(looks, 1, "a parking site looks once");
+            spin.wait_ended(outcome);
+        }
+        assert_eq!(spin.current_budget(), Duration::from_millis(200));
+        assert_eq!(spin.kept_way(), Way::Park);
+    }
+
+    #[test]
+    fn a_site_that_parks_where_spinning_is_slower_and_spins_where_it_is_faster() {
+        // Real waits, timed by the site: a flag that comes 1 ms after a wait began when it
+        // spins and 50 us after when it parks (a spinner delaying what it waits for)...
+        let spin = Spin::with_budget(Duration::from_millis(2));
+        let wait = |site: &Spin, spinning: Duration, parking: Duration| {
+            let due = if site.trials().way() == Way::Spin {
+                spinning
+            } else {
+                parking
+            };
+            let began = Instant::now();
+            let outcome = site.until(None, || began.elapsed() >= due);
+            while began.elapsed() < due {
+                std::hint::spin_loop(); // parked until the flag comes
+            }
+            site.wait_ended(outcome);
+        };
+        for _ in 0..3 * trial::SAMPLES {
+            wait(&spin, Duration::from_millis(1), Duration::from_micros(50));
+        }
+        assert_eq!(spin.kept_way(), Way::Park);
+        // ...and once spinning would be faster, the next trial brings it back.
+        for _ in 0..trial::PERIOD as usize + 2 * trial::SAMPLES {
+            wait(&spin, Duration::from_micros(20), Duration::from_millis(1));
+        }
+        assert_eq!(spin.kept_way(), Way::Spin);
+    }
+
+    #[test]
+    fn many_threads_share_a_site_while_its_trials_come_and_go() {
+        let spin = Arc::new(Spin::with_budget(Duration::from_micros(300)));
+        let threads: Vec<_> = (0..8u64)
+            .map(|seed| {
+                let spin = Arc::clone(&spin);
+                std::thread::spawn(move || {
+                    let mut state = seed.wrapping_mul(6_364_136_223_846_793_005) | 1;
+                    for _ in 0..3_000 {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        let looks_needed = state % 400;
+                        let mut looks = 0;
+                        let outcome = spin.until(None, || {
+                            looks += 1;
+                            looks > looks_needed
+                        });
+                        spin.wait_ended(outcome);
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        assert!(spin.current_budget() <= Duration::from_micros(300));
     }
 
     #[test]
