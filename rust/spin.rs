@@ -17,7 +17,7 @@
 //!
 //! Spinning pays only where a core is free for the spinner, which no cheap reading tells
 //! from inside the process; so each site also tries parking at once now and then and keeps
-//! whichever way its short waits took less time (`trial.rs`). On the 2-core machine a
+//! whichever way its waits took less time on average (`trial.rs`). On the 2-core machine a
 //! serial loop's p50 fell from 127 to 85 µs with the spin on a quiet machine, and the
 //! trials keep it parked where a busy process beside it made the spin slower
 //! (`docs/benchmarks.md`). So spinning is on by default wherever the process may use at
@@ -29,9 +29,8 @@ mod trial;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
-pub use trial::Way;
 
-use trial::Trials;
+use trial::{Trials, Way};
 
 use crate::setting::{Read, Setting};
 
@@ -259,8 +258,9 @@ impl Spin {
         }
     }
 
-    /// The way this site keeps between trials (tests, metrics).
-    pub fn kept_way(&self) -> Way {
+    /// The way this site keeps between trials.
+    #[cfg(test)]
+    fn kept_way(&self) -> Way {
         self.trials().kept()
     }
 

@@ -127,6 +127,7 @@ impl Trials {
     }
 
     /// The way the site keeps between trials.
+    #[cfg(test)]
     pub fn kept(&self) -> Way {
         self.kept
     }
