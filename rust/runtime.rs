@@ -21,6 +21,8 @@
 //! process (`subprocess`, or multiprocessing's `spawn`/`forkserver` start methods), or it
 //! forks before jaxcluster first touches the network.
 
+pub mod awake;
+
 use std::sync::OnceLock;
 
 use tokio::runtime::{Builder, Runtime};

@@ -136,6 +136,38 @@ impl Spun {
     }
 }
 
+/// A wait [`Spin::begin`] began: how it spins, if at all.
+#[derive(Debug, Clone, Copy)]
+pub enum Begun {
+    /// The site is off or resting: look once, then park.
+    Resting,
+    /// The trials park this wait at once (the way kept, or the other one tried).
+    Park {
+        /// When the wait began.
+        start: Instant,
+    },
+    /// Spin until `stop`.
+    Spin {
+        /// When the wait began.
+        start: Instant,
+        /// When the spin gives up.
+        stop: Instant,
+        /// The caller's deadline, not the budget, set `stop`: giving up there says
+        /// nothing of the budget.
+        cut_short: bool,
+    },
+}
+
+impl Begun {
+    /// Until when the waiter spins; `None`: it looks once and parks.
+    pub fn spin_until(&self) -> Option<Instant> {
+        match *self {
+            Self::Spin { stop, .. } => Some(stop),
+            Self::Resting | Self::Park { .. } => None,
+        }
+    }
+}
+
 /// How many nanoseconds "not read yet" is stored as.
 const UNSET: u64 = u64::MAX;
 
@@ -170,67 +202,88 @@ impl Spin {
     /// the wait would have needed. A spin the deadline cut short says nothing of the budget
     /// (a poll with a zero timeout is not a wait that outlasted it).
     pub fn until(&self, deadline: Option<Instant>, mut ready: impl FnMut() -> bool) -> Spun {
+        let begun = self.begin(deadline);
+        let Some(stop) = begun.spin_until() else {
+            return self.end(&begun, ready());
+        };
+        let mut rounds = 0u32;
+        loop {
+            for _ in 0..SPINS_PER_ROUND {
+                if ready() {
+                    return self.end(&begun, true);
+                }
+                std::hint::spin_loop();
+            }
+            if Instant::now() >= stop {
+                return self.end(&begun, ready());
+            }
+            rounds += 1;
+            if rounds > ROUNDS_BEFORE_YIELD {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Begins a wait that spins (until [`Begun::spin_until`]) or parks at once, for a waiter
+    /// that cannot spin inside [`Self::until`] (an async task, which spins by yielding to its
+    /// runtime); [`Self::end`] says what it saw.
+    pub fn begin(&self, deadline: Option<Instant>) -> Begun {
         let budget = self.budget();
         if budget == 0 {
-            if ready() {
-                return Spun::SEEN;
-            }
-            // Resting, or off: a wait within the full budget still ends the rest.
-            let in_vain_since = (!self.is_off()).then(Instant::now);
-            return Spun {
-                seen: false,
-                in_vain_since,
-                began: None,
-            };
+            return Begun::Resting;
         }
         let way = self.trials().way();
         let start = Instant::now();
-        let began = Some((start, way));
         if way == Way::Park {
             // Kept or tried: parking at once, the budget left as it is.
-            return Spun {
-                seen: ready(),
-                in_vain_since: None,
-                began,
-            };
+            return Begun::Park { start };
         }
         let own_stop = start + Duration::from_nanos(budget);
         let (stop, cut_short) = match deadline {
             Some(deadline) if deadline < own_stop => (deadline, true),
             _ => (own_stop, false),
         };
-        let mut rounds = 0u32;
-        loop {
-            for _ in 0..SPINS_PER_ROUND {
-                if ready() {
-                    self.saw_it();
-                    return Spun {
-                        began,
-                        ..Spun::SEEN
-                    };
+        Begun::Spin {
+            start,
+            stop,
+            cut_short,
+        }
+    }
+
+    /// Ends the spinning part of the wait `begun`: `seen` says whether its flag held. The
+    /// caller parks unless it was seen, and reports the wait's end to [`Self::wait_ended`].
+    pub fn end(&self, begun: &Begun, seen: bool) -> Spun {
+        match *begun {
+            Begun::Resting if seen => Spun::SEEN,
+            // Resting, or off: a wait within the full budget still ends the rest.
+            Begun::Resting => Spun {
+                seen: false,
+                in_vain_since: (!self.is_off()).then(Instant::now),
+                began: None,
+            },
+            Begun::Park { start } => Spun {
+                seen,
+                in_vain_since: None,
+                began: Some((start, Way::Park)),
+            },
+            Begun::Spin { start, .. } if seen => {
+                self.saw_it();
+                Spun {
+                    began: Some((start, Way::Spin)),
+                    ..Spun::SEEN
                 }
-                std::hint::spin_loop();
             }
-            if Instant::now() >= stop {
-                if ready() {
-                    self.saw_it();
-                    return Spun {
-                        began,
-                        ..Spun::SEEN
-                    };
-                }
+            Begun::Spin {
+                start, cut_short, ..
+            } => {
                 if !cut_short {
                     self.gave_up();
                 }
-                return Spun {
+                Spun {
                     seen: false,
                     in_vain_since: Some(start),
-                    began,
-                };
-            }
-            rounds += 1;
-            if rounds > ROUNDS_BEFORE_YIELD {
-                std::thread::yield_now();
+                    began: Some((start, Way::Spin)),
+                }
             }
         }
     }

@@ -41,7 +41,10 @@ impl<T: Cancel, E> ClosureQueue<T, E> {
             self.signals.condvar(Signal::NotEmpty).notify_one();
         }
         if wake {
-            self.signals.not_empty_async().notify_one();
+            // The link that went idle last: in a serial loop, the one whose worker just
+            // answered, still spinning for its next closure, its caches (and compiled
+            // functions) warm, while the others' spins run out and they sleep.
+            self.signals.not_empty_async().notify_last();
         }
         Ok(())
     }

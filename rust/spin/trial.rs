@@ -16,6 +16,13 @@
 //! for at most the cap its caller gives (a few budgets), so one long stall weighs like a
 //! few, and the waits of a site whose answers take milliseconds are not counted at all
 //! (its budget's own adaptation in `spin.rs` has it resting, parking at once).
+//!
+//! A trial costs what its waits lose, and on a busy machine a wait spun costs a time slice
+//! (milliseconds, where parking takes tens of microseconds). So a trial ends as soon as its
+//! waits add up to more than the kept way's would (it can no longer win), and each trial
+//! the kept way wins doubles the waits until the next, up to [`MAX_PERIOD`]: with a busy
+//! process beside a serial loop on 2 cores, untried spinning there took 2.4 times as long
+//! per round trip as parking (`docs/benchmarks.md`).
 
 /// How a wait went: spinning first (within the site's adaptive budget), or parking at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,8 +45,14 @@ impl Way {
 /// Waits compared per way, by their mean.
 pub const SAMPLES: usize = 64;
 
-/// Waits between the end of one trial and the start of the next.
+/// Waits between the end of one trial and the start of the next, after a trial that
+/// changed the way kept.
 pub const PERIOD: u32 = 2048;
+
+/// The most waits between trials: each trial the kept way wins doubles the period up to
+/// this, so a way that keeps losing is tried seldom (a trial of spinning on a busy machine
+/// costs its waits a time slice each).
+pub const MAX_PERIOD: u32 = 32 * PERIOD;
 
 /// A trial that has seen this many waits without [`SAMPLES`] of the other way is abandoned
 /// (other threads' waits kept the kept way meanwhile).
@@ -74,10 +87,18 @@ impl Samples {
         self.len == SAMPLES
     }
 
-    fn mean(&self) -> u64 {
-        let sum: u128 = self.ns[..self.len].iter().map(|&ns| u128::from(ns)).sum();
-        u64::try_from(sum / self.len.max(1) as u128).unwrap_or(u64::MAX)
+    fn sum(&self) -> u128 {
+        self.ns[..self.len].iter().map(|&ns| u128::from(ns)).sum()
     }
+}
+
+/// A trial of the other way: its waits, and the sum they must stay below to win.
+#[derive(Debug, Clone, Copy)]
+struct Trial {
+    samples: Samples,
+    /// [`SAMPLES`] waits at the kept way's mean, less the margin: once the tried waits add
+    /// up to more, the trial is lost whatever its remaining waits take.
+    to_beat: u128,
 }
 
 /// One site's state: the way it keeps, and the trial of the other way when one is on.
@@ -86,10 +107,13 @@ pub struct Trials {
     kept: Way,
     /// The kept way's last waits.
     kept_samples: Samples,
-    /// The other way's waits in the trial on, if one is.
-    tried: Option<Samples>,
+    /// The trial of the other way, if one is on.
+    tried: Option<Trial>,
     /// Waits since the last trial ended, or in the trial on.
     waits: u32,
+    /// Waits from the end of one trial to the next: [`PERIOD`], doubled by each trial
+    /// the kept way wins, up to [`MAX_PERIOD`].
+    period: u32,
     /// Times the kept way changed (tests, metrics).
     changes: u32,
 }
@@ -103,6 +127,7 @@ impl Trials {
             kept_samples: Samples::EMPTY,
             tried: None,
             waits: PERIOD - 2 * SAMPLES as u32,
+            period: PERIOD,
             changes: 0,
         }
     }
@@ -141,32 +166,36 @@ impl Trials {
     /// A wait that went `way` is over after `waited_ns` (capped by the caller).
     pub fn record(&mut self, way: Way, waited_ns: u64) {
         self.waits = self.waits.saturating_add(1);
-        match &mut self.tried {
-            None => {
-                if way == self.kept {
-                    self.kept_samples.push(waited_ns);
-                }
-                if self.waits >= PERIOD && self.kept_samples.full() {
-                    self.tried = Some(Samples::EMPTY);
-                    self.waits = 0;
-                }
+        let Some(trial) = &mut self.tried else {
+            if way == self.kept {
+                self.kept_samples.push(waited_ns);
             }
-            Some(tried) => {
-                if way != self.kept {
-                    tried.push(waited_ns);
-                }
-                if tried.full() {
-                    let (tried, kept) = (tried.mean(), self.kept_samples.mean());
-                    if tried.saturating_mul(100) < kept.saturating_mul(MARGIN_PERCENT) {
-                        self.kept = self.kept.other();
-                        self.kept_samples = self.tried.take().unwrap_or(Samples::EMPTY);
-                        self.changes += 1;
-                    }
-                    self.end_trial();
-                } else if self.waits >= TRIAL_WAITS {
-                    self.end_trial();
-                }
+            if self.waits >= self.period && self.kept_samples.full() {
+                let to_beat = self.kept_samples.sum() * u128::from(MARGIN_PERCENT) / 100;
+                self.tried = Some(Trial {
+                    samples: Samples::EMPTY,
+                    to_beat,
+                });
+                self.waits = 0;
             }
+            return;
+        };
+        if way != self.kept {
+            trial.samples.push(waited_ns);
+        }
+        if trial.samples.sum() >= trial.to_beat {
+            // Lost already (at once, where one wait the other way took a time slice).
+            self.period = self.period.saturating_mul(2).min(MAX_PERIOD);
+            self.end_trial();
+        } else if trial.samples.full() {
+            // Won: the tried way's mean is below the kept way's by the margin.
+            self.kept = self.kept.other();
+            self.kept_samples = trial.samples;
+            self.changes += 1;
+            self.period = PERIOD;
+            self.end_trial();
+        } else if self.waits >= TRIAL_WAITS {
+            self.end_trial();
         }
     }
 
@@ -258,6 +287,45 @@ mod tests {
         });
         assert_eq!(trials.kept(), Way::Spin);
         assert_eq!(trials.changes(), 0);
+    }
+
+    #[test]
+    fn a_losing_trial_ends_once_it_cannot_win_and_the_next_comes_later() {
+        let mut trials = Trials::keeping(Way::Park);
+        run(&mut trials, SAMPLES as u32, |_| 60_000);
+        // A period later a trial of spinning starts; each of its waits meets a time slice.
+        let mut spun = 0;
+        run(&mut trials, PERIOD, |way| {
+            if way == Way::Spin {
+                spun += 1;
+                4_000_000
+            } else {
+                60_000
+            }
+        });
+        assert_eq!(trials.kept(), Way::Park);
+        // 64 waits at 60 us, less the margin, are beaten by one wait of 4 ms.
+        assert_eq!(spun, 1, "the trial ended at its first wait");
+        assert_eq!(trials.period, 2 * PERIOD);
+        // Losing again and again, trials come ever more seldom, up to the longest period.
+        let mut trials_run = 0;
+        run(&mut trials, 200 * PERIOD, |way| {
+            if way == Way::Spin {
+                trials_run += 1;
+                4_000_000
+            } else {
+                60_000
+            }
+        });
+        assert_eq!(trials.period, MAX_PERIOD);
+        assert!(trials_run < 12, "{trials_run} trials in 200 periods");
+        // A trial won resets the period.
+        while trials.way() != Way::Spin {
+            trials.record(Way::Park, 60_000);
+        }
+        run(&mut trials, SAMPLES as u32, |_| 20_000);
+        assert_eq!(trials.kept(), Way::Spin);
+        assert_eq!(trials.period, PERIOD);
     }
 
     #[test]

@@ -276,6 +276,10 @@ fn queue_message(
     if request.return_queued {
         queue.hand_back_stream(stream, "the coordinator asked for its queued closures back");
     }
+    if !request.closures.is_empty() {
+        // Their answers are due within a round trip.
+        crate::runtime::awake::expect();
+    }
     let mut jobs = Vec::with_capacity(request.closures.len());
     for closure in request.closures {
         let closure_id = closure.closure_id;

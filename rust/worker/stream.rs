@@ -480,6 +480,10 @@ impl Stream for Replies {
             size += answer.size;
             replies.push(answer.reply);
         }
+        if !replies.is_empty() {
+            // A serial loop's next closure is due within a round trip of these answers.
+            crate::runtime::awake::expect();
+        }
         let mut message = pb::RunClosuresResponse {
             replies,
             preemption: notice,

@@ -188,6 +188,8 @@ impl<T: WorkerTransport> Link<T> {
                 Verdict::Done(Err(failure))
             }
         };
+        // A serial loop's next closure is due within a round trip of this answer.
+        crate::runtime::awake::expect();
         self.settle(sent.closure, verdict);
     }
 

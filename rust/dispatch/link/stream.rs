@@ -58,6 +58,10 @@ impl<T: WorkerTransport> Link<T> {
                 return;
             }
         }
+        if sent_any {
+            // Its answer is due within a round trip.
+            crate::runtime::awake::expect();
+        }
         if was_idle && sent_any {
             // The worker had nothing to say while idle: its silence counts from now, after
             // the sending (encoding a large argument takes a while, and the worker cannot
