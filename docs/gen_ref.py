@@ -72,10 +72,10 @@ _ENV_MEANING: dict[str, str] = {
     "(default INFO; `LocalCluster` sets WARNING).",
     "JAXCLUSTER_MALLOC_TUNING": "`0` turns off the glibc allocator tuning tasks and "
     "coordinators apply (freed message buffers stay mapped).",
-    "JAXCLUSTER_SPIN_US": "Microseconds the thread in `fetch()` and a worker's executor spin "
-    "for an answer or the next closure before they park (adaptive, and each place keeps "
-    "spinning only while its trials find it faster than parking; 0: never). Default 500 "
-    "where the process may use at least 2 cores, else 0.",
+    "JAXCLUSTER_SPIN_US": "Microseconds the thread in `fetch()`, a worker's executor and a "
+    "runtime of one thread spin for an answer or the next closure before they park "
+    "(adaptive, and each place keeps spinning only while its trials find it faster than "
+    "parking; 0: never). Default 500 where the process may use at least 2 cores, else 0.",
     "JAXCLUSTER_RUNTIME_THREADS": "Worker threads of the process's tokio runtime, 1 to 4. "
     "Default: one fewer than the cores the process may use (at least 1), leaving a core to "
     "the interpreter.",

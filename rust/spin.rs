@@ -6,7 +6,8 @@
 //! in `fetch()` right after `schedule()`, and a worker's executor right after it answered
 //! (the next closure of a serial loop follows one round trip later). Those threads watch a
 //! flag for a short, bounded while before they park, as glibc's adaptive mutexes and Go's
-//! scheduler do.
+//! scheduler do. A runtime thread spins through a site of its own too, as an async task
+//! that yields ([`Spin::begin`], [`Spin::end`]; `crate::runtime::awake`).
 //!
 //! The bound adapts, per site: a spin that saw its flag keeps the full budget; one that
 //! gave up halves it, and at the floor the site stops spinning for [`REST_CALLS`] waits
