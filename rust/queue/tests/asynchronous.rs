@@ -1,5 +1,5 @@
 //! `get_async`, the getter a dispatcher's link tasks use: woken by untagged and tagged puts
-//! and by `stop`, timing out, cancel-safe, and under many tasks and producer threads at
+//! (the getter that began waiting last first) and by `stop`, timing out, cancel-safe, and under many tasks and producer threads at
 //! random every item is taken exactly once.
 
 use std::sync::Arc;
@@ -8,7 +8,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{Ledger, Queue, PROMPTLY};
+use super::{await_state, Ledger, Queue, PROMPTLY};
 
 /// A small multi-thread runtime of its own, so these tests do not depend on the process's.
 fn runtime() -> tokio::runtime::Runtime {
@@ -35,6 +35,42 @@ fn an_async_getter_is_woken_by_a_put_from_a_thread() {
         .unwrap()
         .expect("the getter took the item");
     item.finish();
+    queue.mark_finished().unwrap();
+    ledger.assert_each_settled_once();
+}
+
+#[test]
+fn the_getter_that_began_waiting_last_is_woken_first() {
+    // A serial loop stays on the link whose worker just answered: that link waits last.
+    let ledger = Ledger::new(1);
+    let queue = Arc::new(Queue::new(0));
+    let runtime = runtime();
+    let spawn_getter = || {
+        let queue = Arc::clone(&queue);
+        runtime.spawn(async move {
+            queue
+                .get_async(None, Some(Duration::from_millis(300)))
+                .await
+        })
+    };
+    let first = spawn_getter();
+    await_state(&queue, "the first getter asleep", |state| {
+        state.sleepers.async_getters == 1
+    });
+    let last = spawn_getter();
+    await_state(&queue, "both getters asleep", |state| {
+        state.sleepers.async_getters == 2
+    });
+    queue.put(ledger.item(0), None).unwrap();
+    let item = runtime
+        .block_on(last)
+        .unwrap()
+        .expect("the getter that began waiting last took the item");
+    item.finish();
+    assert!(
+        runtime.block_on(first).unwrap().is_none(),
+        "the first getter was left to time out"
+    );
     queue.mark_finished().unwrap();
     ledger.assert_each_settled_once();
 }
