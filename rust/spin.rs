@@ -25,12 +25,14 @@
 //! least [`MIN_CORES_TO_SPIN`] cores; `JAXCLUSTER_SPIN_US` sets the budget in microseconds
 //! either way (`0` turns spinning off).
 
+pub mod report;
 mod trial;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use report::{Report, UNREPORTED};
 use trial::{Trials, Way};
 
 use crate::setting::{Read, Setting};
@@ -109,6 +111,8 @@ pub struct Spin {
     /// Whether spinning pays here: the way kept, and the trial of the other (a leaf lock,
     /// taken under the callers' locks and taking none).
     trials: Mutex<Trials>,
+    /// Where its waits are counted, for metrics.
+    report: &'static Report,
 }
 
 /// What [`Spin::until`] saw, kept by the waiter until its wait is over
@@ -181,7 +185,15 @@ impl Spin {
             budget_ns: AtomicU64::new(UNSET),
             rest: AtomicU32::new(0),
             trials: Mutex::new(Trials::new()),
+            report: &UNREPORTED,
         }
+    }
+
+    /// The same site, its waits counted in `report` (`report::sites` reads them).
+    #[must_use]
+    pub const fn reporting(mut self, report: &'static Report) -> Self {
+        self.report = report;
+        self
     }
 
     /// A site with budget `full`: tests and benches, and a site whose first wait is under
@@ -194,6 +206,7 @@ impl Spin {
             budget_ns: AtomicU64::new(ns),
             rest: AtomicU32::new(0),
             trials: Mutex::new(Trials::new()),
+            report: &UNREPORTED,
         }
     }
 
@@ -308,7 +321,11 @@ impl Spin {
                 .full_ns
                 .load(Ordering::Relaxed)
                 .saturating_mul(TRIAL_CAP);
-            self.trials().record(way, nanos(began.elapsed()).min(cap));
+            let kept = self.trials().record(way, nanos(began.elapsed()).min(cap));
+            self.report.waited(way);
+            if let Some(kept) = kept {
+                self.report.kept(kept);
+            }
         }
     }
 
@@ -601,6 +618,23 @@ mod tests {
             thread.join().unwrap();
         }
         assert!(spin.current_budget() <= Duration::from_micros(300));
+    }
+
+    #[test]
+    fn a_site_counts_its_waits_by_the_way_they_went_in_its_report() {
+        static REPORT: Report = Report::new("test");
+        let site = Spin::with_budget(Duration::from_millis(1)).reporting(&REPORT);
+        for _ in 0..400 {
+            let spun = site.until(None, || true);
+            site.wait_ended(spun);
+        }
+        let counted = REPORT.snapshot(true);
+        assert_eq!(counted.waits_spun + counted.waits_parked, 400);
+        // The trial of parking after 128 waits made some waits park at once.
+        assert!(counted.waits_parked >= 1, "{counted:?}");
+        assert!(counted.waits_spun >= 128, "{counted:?}");
+        assert_eq!(counted.spinning, counted.way_changes % 2 == 0);
+        assert!(!REPORT.snapshot(false).spinning, "off: never spinning");
     }
 
     #[test]

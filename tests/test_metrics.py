@@ -150,6 +150,45 @@ def test_a_coordinator_serves_prometheus_metrics_on_loopback(cluster: Any) -> No
         urllib.request.urlopen(f"http://{address}/metrics", timeout=5)
 
 
+def _spin_configured() -> bool:
+    """Whether this process spins at all: ``JAXCLUSTER_SPIN_US``, else 2 cores or more."""
+    set_to = os.environ.get("JAXCLUSTER_SPIN_US")
+    if set_to is not None and set_to.isdigit():
+        return int(set_to) > 0
+    return len(os.sched_getaffinity(0)) >= 2
+
+
+def test_the_spinning_sites_show_the_way_they_keep_and_their_waits(cluster: Any) -> None:
+    before = {site.site: site for site in core.spin_sites()}
+    assert list(before) == ["fetch", "executor", "runtime"]
+    with cluster.coordinator(metrics_port=0) as coordinator:
+        for i in range(200):
+            assert coordinator.schedule(_square, args=(i,)).fetch() == i * i
+        families = _scrape(coordinator.metrics_address or "")
+    after = {site.site: site for site in core.spin_sites()}
+    assert families["jaxcluster_spin_spinning"].type == "gauge"
+    assert families["jaxcluster_spin_waits"].type == "counter"
+    for name in ("fetch", "executor", "runtime"):
+        kept = _value(families, "jaxcluster_spin_spinning", "jaxcluster_spin_spinning", site=name)
+        assert kept in (0, 1)
+        waits = "jaxcluster_spin_waits"
+        spun = _value(families, waits, waits + "_total", site=name, way="spin")
+        parked = _value(families, waits, waits + "_total", site=name, way="park")
+        # The scrape read the same counters, between the two snapshots.
+        assert before[name].waits_spun <= spun <= after[name].waits_spun
+        assert before[name].waits_parked <= parked <= after[name].waits_parked
+    fetch_waits = lambda s: s.waits_spun + s.waits_parked  # noqa: E731
+    if _spin_configured():
+        # Each fetch() right after schedule() waits on its cell, spinning or parked at once
+        # (a site resting after spins in vain is not counted: most of 200 are).
+        assert fetch_waits(after["fetch"]) > fetch_waits(before["fetch"])
+    else:
+        assert fetch_waits(after["fetch"]) == fetch_waits(before["fetch"])
+        assert not any(site.spinning for site in after.values())
+    # The executor's waits are the worker processes', not this one's.
+    assert after["executor"].to_dict() == before["executor"].to_dict()
+
+
 def test_a_lost_worker_shows_in_the_metrics(cluster: Any) -> None:
     with cluster.coordinator(metrics_port=0) as coordinator:
         wait_until(lambda: all(w["state"] == "up" for w in coordinator.workers), "workers up")
@@ -203,6 +242,10 @@ def test_a_worker_process_serves_its_own_metrics() -> None:
         assert _value(families, seconds, seconds + "_count") == 6
         refused = "jaxcluster_refused_requests"
         assert _value(families, refused, refused + "_total", reason="unauthenticated") == 0
+        # The worker process's own spinning sites: its executor's waits for the next closure.
+        for name in ("fetch", "executor", "runtime"):
+            spinning = "jaxcluster_spin_spinning"
+            assert _value(families, spinning, spinning, site=name) in (0, 1)
         worker.popen.send_signal(signal.SIGTERM)
         assert worker.finish() == 0
 

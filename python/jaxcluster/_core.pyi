@@ -553,6 +553,50 @@ class WorkerMetrics:
         """``to_dict()``'s keys."""
 
 @final
+class SpinSite:
+    """One kind of spinning site of this process (``spin_sites()``): the thread in
+    ``fetch()``, a worker's executor, or a runtime of one thread (``JAXCLUSTER_SPIN_US``).
+
+    Example: ``{s.site: s.spinning for s in spin_sites()}``
+
+    Frozen. ``to_dict()`` gives the plain dict; ``record[key]`` and ``record.get(key)``
+    read it."""
+
+    @property
+    def site(self) -> str:
+        """``"fetch"``, ``"executor"`` or ``"runtime"``."""
+
+    @property
+    def spinning(self) -> bool:
+        """Whether it keeps spinning (False: its trials keep parking, or spinning is off)."""
+
+    @property
+    def waits_spun(self) -> int: ...
+    @property
+    def waits_parked(self) -> int:
+        """Waits that parked at once (kept or tried), not counting a site resting or off."""
+
+    @property
+    def way_changes(self) -> int:
+        """Times its trials changed the way it keeps."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (for JSON, Prometheus and callers written against it)."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict()``'s keys."""
+
+def spin_sites() -> list[SpinSite]:
+    """This process's spinning sites, in a fixed order (``fetch``, ``executor``,
+    ``runtime``), with their counts so far."""
+
+@final
 class LatencyHistogram:
     """A latency histogram (``Metrics.latency``, ``WorkerServer.execution_seconds()``).
 

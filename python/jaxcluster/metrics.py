@@ -187,6 +187,7 @@ class _CoordinatorCollector:
             m.latency,
         )
         yield from self._workers(core, m.workers)
+        yield from _spin(core)
 
     @staticmethod
     def _workers(core: Any, workers: list[WorkerMetrics]) -> Iterator[Any]:
@@ -272,6 +273,36 @@ _PS_SERIES = (
 )
 
 
+def _spin(core: Any) -> Iterator[Any]:
+    """This process's spinning sites (``JAXCLUSTER_SPIN_US``): the way each keeps and how
+    its waits went."""
+    sites = _core.spin_sites()
+    spinning = core.GaugeMetricFamily(
+        "jaxcluster_spin_spinning",
+        "1 where a site keeps spinning before it parks; 0 where its trials found parking "
+        "at once faster, or spinning is off (site: fetch, executor, runtime).",
+        labels=["site"],
+    )
+    waits = core.CounterMetricFamily(
+        "jaxcluster_spin_waits",
+        "Waits of each site, by the way they went (spin: spun first; park: parked at once).",
+        labels=["site", "way"],
+    )
+    changes = core.CounterMetricFamily(
+        "jaxcluster_spin_way_changes",
+        "Times a site's trials changed the way it keeps.",
+        labels=["site"],
+    )
+    for site in sites:
+        spinning.add_metric([site.site], 1 if site.spinning else 0)
+        waits.add_metric([site.site, "spin"], site.waits_spun)
+        waits.add_metric([site.site, "park"], site.waits_parked)
+        changes.add_metric([site.site], site.way_changes)
+    yield spinning
+    yield waits
+    yield changes
+
+
 def _series(core: Any, table: Any, status: WorkerReport | PsStatus) -> Iterator[Any]:
     """One gauge or counter per row of ``table``, valued from ``status``."""
     for kind, name, text, key in table:
@@ -318,6 +349,7 @@ class _WorkerCollector:
             jax_version=s.jax_version,
             platform=s.platform,
         )
+        yield from _spin(core)
 
 
 class _PsCollector:

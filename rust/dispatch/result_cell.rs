@@ -88,7 +88,7 @@ pub struct ResultCell {
 }
 
 /// Where a thread waiting for a closure's outcome (`fetch()`) spins before it parks.
-static FETCH_SPIN: Spin = Spin::configured();
+static FETCH_SPIN: Spin = Spin::configured().reporting(&crate::spin::report::FETCH);
 
 impl ResultCell {
     /// A not-ready cell for closure `id`, scheduled now.

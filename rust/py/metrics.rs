@@ -1,7 +1,8 @@
 //! Typed metrics records: `Metrics` (`Dispatcher.metrics()`), its per-worker
-//! `WorkerMetrics` and the `LatencyHistogram` it and `WorkerServer.execution_seconds()`
-//! give. Frozen, built once from the snapshot they wrap; see `_core.pyi` for the
-//! attributes and `super::record` for the dict-style access kept for older callers.
+//! `WorkerMetrics`, the `LatencyHistogram` it and `WorkerServer.execution_seconds()`
+//! give, and the process's `SpinSite`s (`spin_sites()`). Frozen, built once from the
+//! snapshot they wrap; see `_core.pyi` for the attributes and `super::record` for the
+//! dict-style access kept for older callers.
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -9,6 +10,7 @@ use pyo3::types::PyDict;
 use super::enums::WorkerState;
 use super::record::{fields_dict, record};
 use crate::dispatch::{LatencySnapshot, MetricsSnapshot, WorkerSnapshot};
+use crate::spin::report::SiteSnapshot;
 
 /// The coordinator's counters at one moment (`Dispatcher.metrics()`).
 #[pyclass(frozen, module = "jaxcluster._core", name = "Metrics")]
@@ -126,4 +128,35 @@ record! {
         p50: Option<f64> = self.0.quantile(0.5),
         p99: Option<f64> = self.0.quantile(0.99),
     }
+}
+
+/// One kind of spinning site of this process (`spin_sites()`): whether it keeps spinning
+/// and how its waits went.
+#[pyclass(frozen, module = "jaxcluster._core", name = "SpinSite")]
+#[derive(Debug, Clone)]
+pub struct SpinSite(SiteSnapshot);
+
+impl SpinSite {
+    fn dict_of<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        fields_dict(slf.as_any(), Self::FIELDS)
+    }
+}
+
+record! {
+    SpinSite as "SpinSite" (self) {
+        site: &str = self.0.site,
+        spinning: bool = self.0.spinning,
+        waits_spun: u64 = self.0.waits_spun,
+        waits_parked: u64 = self.0.waits_parked,
+        way_changes: u64 = self.0.way_changes,
+    }
+}
+
+/// This process's spinning sites (`fetch`, `executor`, `runtime`), for metrics.
+#[pyfunction]
+pub fn spin_sites() -> Vec<SpinSite> {
+    crate::spin::report::sites(crate::runtime::awake::spins())
+        .into_iter()
+        .map(SpinSite)
+        .collect()
 }

@@ -54,6 +54,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<metrics::Metrics>()?;
     m.add_class::<metrics::WorkerMetrics>()?;
     m.add_class::<metrics::LatencyHistogram>()?;
+    m.add_class::<metrics::SpinSite>()?;
+    m.add_function(wrap_pyfunction!(metrics::spin_sites, m)?)?;
     m.add_function(wrap_pyfunction!(
         dispatch_convert::set_exception_builder,
         m

@@ -31,16 +31,21 @@ use std::time::Instant;
 use crate::spin::{Spin, Spun};
 
 /// The process's runtime spinner.
-static AWAKE: Awake = Awake::new(Spin::configured());
+static AWAKE: Awake = Awake::new(Spin::configured().reporting(&crate::spin::report::RUNTIME));
 
 /// An event happened on the runtime and the next is expected within a round trip: keep the
 /// runtime thread polling until it comes or the site's budget is spent. Call it from a task
 /// on the runtime; it does nothing where the runtime has more than one thread or spinning
 /// is off.
 pub fn expect() {
-    if super::configured_threads() == 1 {
+    if spins() {
         AWAKE.expect();
     }
+}
+
+/// Whether this process's runtime may spin: it has one thread.
+pub fn spins() -> bool {
+    super::configured_threads() == 1
 }
 
 /// A runtime's spinner: the site, and the state of its one spinning task.

@@ -163,8 +163,9 @@ impl Trials {
         self.changes
     }
 
-    /// A wait that went `way` is over after `waited_ns` (capped by the caller).
-    pub fn record(&mut self, way: Way, waited_ns: u64) {
+    /// A wait that went `way` is over after `waited_ns` (capped by the caller). Returns the
+    /// way the site keeps from now when this wait ended a trial that changed it.
+    pub fn record(&mut self, way: Way, waited_ns: u64) -> Option<Way> {
         self.waits = self.waits.saturating_add(1);
         let Some(trial) = &mut self.tried else {
             if way == self.kept {
@@ -178,7 +179,7 @@ impl Trials {
                 });
                 self.waits = 0;
             }
-            return;
+            return None;
         };
         if way != self.kept {
             trial.samples.push(waited_ns);
@@ -194,9 +195,11 @@ impl Trials {
             self.changes += 1;
             self.period = PERIOD;
             self.end_trial();
+            return Some(self.kept);
         } else if self.waits >= TRIAL_WAITS {
             self.end_trial();
         }
+        None
     }
 
     fn end_trial(&mut self) {
