@@ -122,6 +122,10 @@ impl Awake {
             let live = self.live.0.fetch_add(1, Ordering::SeqCst) + 1;
             self.live.1.fetch_max(live, Ordering::SeqCst);
         }
+        let mut task = Task {
+            awake: self,
+            ended: false,
+        };
         loop {
             let seen_events = self.events.load(Ordering::SeqCst);
             let changed = || self.events.load(Ordering::SeqCst) != seen_events;
@@ -151,8 +155,7 @@ impl Awake {
             self.has_open.store(true, Ordering::Release);
             self.spinning.store(false, Ordering::SeqCst);
             if !changed() || self.spinning.swap(true, Ordering::SeqCst) {
-                #[cfg(test)]
-                self.live.0.fetch_sub(1, Ordering::SeqCst);
+                task.ended = true;
                 return;
             }
             // An event came between the last look and the store: it started no task, so
@@ -165,6 +168,24 @@ impl Awake {
     #[cfg(test)]
     fn is_spinning(&self) -> bool {
         self.spinning.load(Ordering::SeqCst)
+    }
+}
+
+/// The spinning task's end. A task its runtime drops mid-spin (a runtime shut down) ends
+/// without clearing `spinning`, and no later event would start another: this clears it.
+/// A task that ended by itself has cleared it already, and another may run by now.
+struct Task {
+    awake: &'static Awake,
+    ended: bool,
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        #[cfg(test)]
+        self.awake.live.0.fetch_sub(1, Ordering::SeqCst);
+        if !self.ended {
+            self.awake.spinning.store(false, Ordering::SeqCst);
+        }
     }
 }
 
@@ -240,6 +261,20 @@ mod tests {
             tokio::spawn(async { 7 }).await.unwrap()
         });
         assert_eq!(ran, 7);
+    }
+
+    #[test]
+    fn a_spinner_whose_runtime_shut_down_lets_the_next_event_start_another() {
+        let awake = leaked(Duration::from_secs(10));
+        let runtime = one_thread_runtime();
+        runtime.block_on(async { awake.expect() });
+        assert!(awake.is_spinning());
+        drop(runtime); // drops the spinning task mid-spin
+        assert!(!awake.is_spinning());
+        let runtime = one_thread_runtime();
+        runtime.block_on(async { awake.expect() });
+        assert!(awake.is_spinning());
+        assert_eq!(awake.live.1.load(Ordering::SeqCst), 1);
     }
 
     #[test]
