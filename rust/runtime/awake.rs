@@ -92,6 +92,11 @@ impl Awake {
         // event and goes on.
         self.events.fetch_add(1, Ordering::SeqCst);
         self.close_open_wait();
+        // While a task spins (every event of a busy loop) this is all: a load, no
+        // read-modify-write and no look for the runtime.
+        if self.spinning.load(Ordering::SeqCst) {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -102,7 +107,7 @@ impl Awake {
 
     /// Reports the end of the wait that did not see its event spinning, if one is open.
     fn close_open_wait(&self) {
-        if !self.has_open.swap(false, Ordering::AcqRel) {
+        if !self.has_open.load(Ordering::Acquire) || !self.has_open.swap(false, Ordering::AcqRel) {
             return;
         }
         let open = self

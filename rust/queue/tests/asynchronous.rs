@@ -1,6 +1,6 @@
 //! `get_async`, the getter a dispatcher's link tasks use: woken by untagged and tagged puts
-//! (the getter that began waiting last first) and by `stop`, timing out, cancel-safe, and under many tasks and producer threads at
-//! random every item is taken exactly once.
+//! (the getter that began waiting last first) and by `stop`, timing out, cancel-safe, and
+//! under many tasks and producer threads at random every item is taken exactly once.
 
 use std::sync::Arc;
 use std::time::Duration;
