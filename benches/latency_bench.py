@@ -5,7 +5,9 @@ actor method compiled as a one-node graph with ``experimental_compile()``) and a
 task, in interleaved repetitions of the same run: sequential schedule -> fetch round trips
 (p50, p99, mean) and closures/s with many in flight. A second jaxcluster, in processes of
 its own, runs beside the first with ``JAXCLUSTER_SPIN_US`` set (``--second-spin-us``,
-default 0: the spin off, against this process's default). Each side's serial round trips
+default 0: the spin off, against this process's default), or with the environment
+``--second-env NAME=VALUE`` gives it (``JAXCLUSTER_RUNTIME_LEND=0``: the runtime keeps its
+own thread). Each side's serial round trips
 follow the same warm-up (:data:`WARM_UP_S`). Ray's graph is compiled for each of its
 repetitions and torn down after it, since its actor polls on a core of its own while the
 graph is compiled, even idle, and must not do so under the other sides' repetitions.
@@ -439,6 +441,14 @@ def main() -> int:
         help="also a jaxcluster of its own processes with JAXCLUSTER_SPIN_US=US (default 0: "
         "the spin off, beside this process's default; '' skips it)",
     )
+    parser.add_argument(
+        "--second-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="the second jaxcluster's environment instead of --second-spin-us (repeatable), "
+        "e.g. JAXCLUSTER_RUNTIME_LEND=0 for the runtime keeping its own thread",
+    )
     parser.add_argument("--ray-child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--jaxcluster-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -452,7 +462,13 @@ def main() -> int:
     print(f"load average at start: {os.getloadavg()}, cores: {os.cpu_count()}")
     ray = Child([args.ray_python, __file__, "--ray-child"]) if args.ray_python else None
     other = second = None
-    if args.second_spin_us:
+    if args.second_env:
+        if not all("=" in item for item in args.second_env):
+            parser.error(f"--second-env takes NAME=VALUE, got {args.second_env}")
+        second = "jaxcluster, " + " ".join(args.second_env)
+        env = {**os.environ, **dict(item.split("=", 1) for item in args.second_env)}
+        other = Child([sys.executable, __file__, "--jaxcluster-child"], env)
+    elif args.second_spin_us:
         second = f"jaxcluster, JAXCLUSTER_SPIN_US={args.second_spin_us}"
         env = {**os.environ, "JAXCLUSTER_SPIN_US": args.second_spin_us}
         other = Child([sys.executable, __file__, "--jaxcluster-child"], env)

@@ -76,6 +76,10 @@ _ENV_MEANING: dict[str, str] = {
     "runtime of one thread spin for an answer or the next closure before they park "
     "(adaptive, and each place keeps spinning only while its trials find it faster than "
     "parking; 0: never). Default 500 where the process may use at least 2 cores, else 0.",
+    "JAXCLUSTER_RUNTIME_LEND": "`0` keeps a runtime of one thread to its own thread; by "
+    "default (`1`), where spinning is on, the thread in `fetch()` or a worker's executor runs "
+    "the runtime's tasks and I/O itself while it spins, and the runtime's thread stays out "
+    "for up to 1 ms after.",
     "JAXCLUSTER_RUNTIME_THREADS": "Worker threads of the process's tokio runtime, 1 to 4. "
     "Default: one fewer than the cores the process may use (at least 1), leaving a core to "
     "the interpreter.",

@@ -22,6 +22,7 @@
 //! forks before jaxcluster first touches the network.
 
 pub mod awake;
+pub mod lend;
 
 use std::sync::OnceLock;
 
@@ -61,6 +62,12 @@ fn configured_threads() -> usize {
         let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
         threads_for(std::env::var(THREADS_ENV).ok().as_deref(), cores)
     })
+}
+
+/// Whether a runtime of `threads` threads lends its work to the threads that wait for it
+/// (`lend.rs`): it has one thread, spinning is on, and [`lend::LEND_ENV`] does not say `0`.
+fn lends(threads: usize) -> bool {
+    threads == 1 && !crate::spin::configured_budget().is_zero() && lend::allowed()
 }
 
 /// The runtime together with the process that created it.
@@ -103,7 +110,22 @@ pub fn runtime() -> Result<&'static Runtime, RuntimeError> {
     // taken: logging takes the GIL (`crate::setting`).
     let owned = RUNTIME.get().unwrap_or_else(|| {
         let threads = configured_threads();
-        RUNTIME.get_or_init(|| build(threads))
+        let lending = lends(threads);
+        let owned = RUNTIME.get_or_init(|| build(threads, lending));
+        if let Ok(owned) = owned {
+            if lending {
+                // A driver thread that cannot start leaves nobody to drive the runtime: a
+                // waiter would only ever drive it while it waits.
+                if let Err(error) = lend::start(&owned.runtime) {
+                    tracing::error!(
+                        target: crate::log_target::DISPATCH,
+                        %error,
+                        "could not start the runtime's driver thread"
+                    );
+                }
+            }
+        }
+        owned
     });
     match owned {
         Ok(owned) if owned.pid == std::process::id() => Ok(&owned.runtime),
@@ -115,10 +137,17 @@ pub fn runtime() -> Result<&'static Runtime, RuntimeError> {
     }
 }
 
-/// A runtime of `threads` worker threads, owned by this process.
-fn build(threads: usize) -> Result<Owned, String> {
-    Builder::new_multi_thread()
-        .worker_threads(threads)
+/// A runtime of `threads` worker threads owned by this process; one that `lends` is of
+/// tokio's current-thread flavour, its thread started by [`lend::start`].
+fn build(threads: usize, lends: bool) -> Result<Owned, String> {
+    let mut builder = if lends {
+        Builder::new_current_thread()
+    } else {
+        let mut builder = Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
+    };
+    builder
         .thread_name("jaxcluster-rt")
         .enable_all()
         .build()

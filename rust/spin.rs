@@ -220,6 +220,10 @@ impl Spin {
         let Some(stop) = begun.spin_until() else {
             return self.end(&begun, ready());
         };
+        // Where the runtime lends its work, this thread does it while it spins.
+        if let Some(seen) = crate::runtime::lend::drive_until(stop, &mut ready) {
+            return self.end(&begun, seen);
+        }
         let mut rounds = 0u32;
         loop {
             for _ in 0..SPINS_PER_ROUND {

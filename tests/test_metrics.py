@@ -187,6 +187,14 @@ def test_the_spinning_sites_show_the_way_they_keep_and_their_waits(cluster: Any)
         assert not any(site.spinning for site in after.values())
     # The executor's waits are the worker processes', not this one's.
     assert after["executor"].to_dict() == before["executor"].to_dict()
+    # Lending (a runtime of one thread run by the thread that waits) shows beside them.
+    lending = core.runtime_lending()
+    assert families["jaxcluster_runtime_lending"].type == "gauge"
+    gauge = _value(families, "jaxcluster_runtime_lending", "jaxcluster_runtime_lending")
+    assert gauge == (1 if lending.lending else 0)
+    lends = _value(families, "jaxcluster_runtime_lends", "jaxcluster_runtime_lends_total")
+    assert lends <= lending.lends
+    assert lending.lending or lends == 0
 
 
 def test_a_lost_worker_shows_in_the_metrics(cluster: Any) -> None:

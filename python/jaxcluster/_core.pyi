@@ -592,6 +592,43 @@ class SpinSite:
     def keys(self) -> list[str]:
         """``to_dict()``'s keys."""
 
+@final
+class RuntimeLending:
+    """Whether this process's runtime lends its work to the threads that wait for it
+    (``runtime_lending()``): on a runtime of one thread with spinning on, the thread in
+    ``fetch()`` or a worker's executor runs the runtime's tasks and I/O while it spins
+    (``JAXCLUSTER_RUNTIME_LEND``).
+
+    Example: ``runtime_lending().lending``
+
+    Frozen. ``to_dict()`` gives the plain dict; ``record[key]`` and ``record.get(key)``
+    read it."""
+
+    @property
+    def lending(self) -> bool:
+        """Whether the runtime lends (False: it has more than one thread, spinning is off,
+        or ``JAXCLUSTER_RUNTIME_LEND=0``)."""
+
+    @property
+    def lends(self) -> int:
+        """Times the runtime's own thread let a waiting thread take the runtime."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict (for JSON, Prometheus and callers written against it)."""
+
+    def __getitem__(self, key: str, /) -> Any:
+        """``to_dict()[key]``."""
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``to_dict().get(key, default)``."""
+
+    def keys(self) -> list[str]:
+        """``to_dict()``'s keys."""
+
+def runtime_lending() -> RuntimeLending:
+    """Whether this process's runtime lends its work to waiting threads, and how often it
+    did."""
+
 def spin_sites() -> list[SpinSite]:
     """This process's spinning sites, in a fixed order (``fetch``, ``executor``,
     ``runtime``), with their counts so far."""

@@ -301,6 +301,19 @@ def _spin(core: Any) -> Iterator[Any]:
     yield spinning
     yield waits
     yield changes
+    lending = _core.runtime_lending()
+    yield core.GaugeMetricFamily(
+        "jaxcluster_runtime_lending",
+        "1 where the process's runtime of one thread lends its work to the thread that "
+        "waits (fetch(), a worker's executor runs its tasks and I/O while it spins); 0 "
+        "otherwise (JAXCLUSTER_RUNTIME_LEND).",
+        value=1 if lending.lending else 0,
+    )
+    yield core.CounterMetricFamily(
+        "jaxcluster_runtime_lends",
+        "Times the runtime's own thread let a waiting thread take the runtime.",
+        value=lending.lends,
+    )
 
 
 def _series(core: Any, table: Any, status: WorkerReport | PsStatus) -> Iterator[Any]:

@@ -64,6 +64,8 @@ impl CellWatch {
         every: Duration,
         check: &mut dyn FnMut() -> bool,
     ) -> Result<Vec<u64>, Interrupted> {
+        // This wait does not spin: the runtime's driver thread settles the cells.
+        crate::runtime::lend::nudge();
         let mut state = self.lock();
         loop {
             if !state.settled.is_empty() || state.woken {

@@ -145,7 +145,11 @@ impl ResultCell {
     /// The current status.
     pub fn status(&self) -> CellStatus {
         match &self.lock().outcome {
-            None => CellStatus::NotReady,
+            None => {
+                // A poll (`RemoteValue.done()`) waits for the runtime's work too.
+                crate::runtime::lend::nudge();
+                CellStatus::NotReady
+            }
             Some(Outcome::Cancelled(_)) => CellStatus::Aborted,
             Some(_) => CellStatus::Ready,
         }
@@ -200,6 +204,8 @@ impl ResultCell {
                 return Ok(false);
             }
             let slice = deadline.map_or(every, |deadline| (deadline - now).min(every));
+            // Parking: the runtime's driver thread reads the answer, not a later spinner.
+            crate::runtime::lend::nudge();
             state.waiters += 1;
             let (guard, timeout) = self
                 .settled

@@ -132,6 +132,8 @@ pub(crate) fn with_wait_policy<R: Send>(
     op: impl FnOnce(&mut WaitPolicy<'_>) -> R + Send,
 ) -> (R, Option<PyErr>) {
     let every = signal_poll(py);
+    // These waits do not spin: the runtime's driver thread does the work they wait for.
+    crate::runtime::lend::nudge();
     detach_interruptible(py, |check| {
         let mut policy = WaitPolicy::until(deadline).interruptible(every, check);
         op(&mut policy)

@@ -10,6 +10,7 @@ use pyo3::types::PyDict;
 use super::enums::WorkerState;
 use super::record::{fields_dict, record};
 use crate::dispatch::{LatencySnapshot, MetricsSnapshot, WorkerSnapshot};
+use crate::runtime::lend::LendSnapshot;
 use crate::spin::report::SiteSnapshot;
 
 /// The coordinator's counters at one moment (`Dispatcher.metrics()`).
@@ -150,6 +151,31 @@ record! {
         waits_parked: u64 = self.0.waits_parked,
         way_changes: u64 = self.0.way_changes,
     }
+}
+
+/// Whether this process's runtime lends its work to the threads that wait for it
+/// (`runtime_lending()`, `rust/runtime/lend.rs`).
+#[pyclass(frozen, module = "jaxcluster._core", name = "RuntimeLending")]
+#[derive(Debug, Clone)]
+pub struct RuntimeLending(LendSnapshot);
+
+impl RuntimeLending {
+    fn dict_of<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyDict>> {
+        fields_dict(slf.as_any(), Self::FIELDS)
+    }
+}
+
+record! {
+    RuntimeLending as "RuntimeLending" (self) {
+        lending: bool = self.0.lending,
+        lends: u64 = self.0.lends,
+    }
+}
+
+/// This process's runtime lending, for metrics.
+#[pyfunction]
+pub fn runtime_lending() -> RuntimeLending {
+    RuntimeLending(crate::runtime::lend::snapshot())
 }
 
 /// This process's spinning sites (`fetch`, `executor`, `runtime`), for metrics.

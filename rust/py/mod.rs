@@ -56,6 +56,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<metrics::LatencyHistogram>()?;
     m.add_class::<metrics::SpinSite>()?;
     m.add_function(wrap_pyfunction!(metrics::spin_sites, m)?)?;
+    m.add_class::<metrics::RuntimeLending>()?;
+    m.add_function(wrap_pyfunction!(metrics::runtime_lending, m)?)?;
     m.add_function(wrap_pyfunction!(
         dispatch_convert::set_exception_builder,
         m

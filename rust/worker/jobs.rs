@@ -282,6 +282,8 @@ impl JobQueue {
         mut state: MutexGuard<'a, State>,
         timeout: Duration,
     ) -> MutexGuard<'a, State> {
+        // The runtime's driver thread reads the next closure while this one sleeps.
+        crate::runtime::lend::nudge();
         state.sleepers += 1;
         let mut state = self
             .changed
