@@ -67,7 +67,9 @@ fn configured_threads() -> usize {
 /// Whether a runtime of `threads` threads lends its work to the threads that wait for it
 /// (`lend.rs`): it has one thread, spinning is on, and [`lend::LEND_ENV`] does not say `0`.
 fn lends(threads: usize) -> bool {
-    threads == 1 && !crate::spin::configured_budget().is_zero() && lend::allowed()
+    // Read whatever the threads: a refused value is warned about on every machine.
+    let allowed = lend::allowed();
+    allowed && threads == 1 && !crate::spin::configured_budget().is_zero()
 }
 
 /// The runtime together with the process that created it.

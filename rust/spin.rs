@@ -113,6 +113,9 @@ pub struct Spin {
     trials: Mutex<Trials>,
     /// Where its waits are counted, for metrics.
     report: &'static Report,
+    /// Whether its waiter does the runtime's work while it spins, where the runtime lends
+    /// it (`crate::runtime::lend`): a waiter for something the runtime brings.
+    drives: bool,
 }
 
 /// What [`Spin::until`] saw, kept by the waiter until its wait is over
@@ -186,6 +189,7 @@ impl Spin {
             rest: AtomicU32::new(0),
             trials: Mutex::new(Trials::new()),
             report: &UNREPORTED,
+            drives: false,
         }
     }
 
@@ -193,6 +197,15 @@ impl Spin {
     #[must_use]
     pub const fn reporting(mut self, report: &'static Report) -> Self {
         self.report = report;
+        self
+    }
+
+    /// The same site, whose waiter runs the runtime while it spins where the runtime lends
+    /// its work (`crate::runtime::lend`): the thread in `fetch()` and a worker's executor,
+    /// which wait for what the runtime reads off a socket.
+    #[must_use]
+    pub const fn driving(mut self) -> Self {
+        self.drives = true;
         self
     }
 
@@ -207,6 +220,7 @@ impl Spin {
             rest: AtomicU32::new(0),
             trials: Mutex::new(Trials::new()),
             report: &UNREPORTED,
+            drives: false,
         }
     }
 
@@ -221,8 +235,10 @@ impl Spin {
             return self.end(&begun, ready());
         };
         // Where the runtime lends its work, this thread does it while it spins.
-        if let Some(seen) = crate::runtime::lend::drive_until(stop, &mut ready) {
-            return self.end(&begun, seen);
+        if self.drives {
+            if let Some(seen) = crate::runtime::lend::drive_until(stop, &mut ready) {
+                return self.end(&begun, seen);
+            }
         }
         let mut rounds = 0u32;
         loop {

@@ -257,7 +257,11 @@ def test_a_worker_process_logs_with_timestamps_and_says_it_drains() -> None:
 def test_a_refused_setting_is_one_warning_of_its_own_logger_and_the_worker_serves() -> None:
     # Read inside a OnceLock by whichever thread needs the runtime first; logged after the
     # lock is released (a warning takes the GIL), once, under jaxcluster.settings.
-    env = {"JAXCLUSTER_RUNTIME_THREADS": "nine", "JAXCLUSTER_SPIN_US": "-5"}
+    env = {
+        "JAXCLUSTER_RUNTIME_THREADS": "nine",
+        "JAXCLUSTER_SPIN_US": "-5",
+        "JAXCLUSTER_RUNTIME_LEND": "maybe",
+    }
     with running_worker([], env=env) as worker:
         assert worker.client().get_status(timeout=10.0) is not None
         worker.popen.send_signal(signal.SIGTERM)
@@ -270,6 +274,8 @@ def test_a_refused_setting_is_one_warning_of_its_own_logger_and_the_worker_serve
     assert "a whole number from 1 to 4" in threads[0]
     spin = [line for line in lines if "JAXCLUSTER_SPIN_US" in line]
     assert len(spin) == 1 and "a whole number of microseconds" in spin[0], lines
+    lend = [line for line in lines if "JAXCLUSTER_RUNTIME_LEND" in line]
+    assert len(lend) == 1 and "0 or 1" in lend[0] and '"maybe"' in lend[0], lines
 
 
 def test_a_worker_process_log_level_is_a_flag() -> None:

@@ -88,7 +88,9 @@ pub struct ResultCell {
 }
 
 /// Where a thread waiting for a closure's outcome (`fetch()`) spins before it parks.
-static FETCH_SPIN: Spin = Spin::configured().reporting(&crate::spin::report::FETCH);
+static FETCH_SPIN: Spin = Spin::configured()
+    .reporting(&crate::spin::report::FETCH)
+    .driving();
 
 impl ResultCell {
     /// A not-ready cell for closure `id`, scheduled now.

@@ -96,7 +96,8 @@ impl JobQueue {
             // Read now, not on first use: the first use is under this queue's lock, and a
             // refused setting is logged, which takes the GIL (`crate::setting`).
             spin: Spin::with_budget(crate::spin::configured_budget())
-                .reporting(&crate::spin::report::EXECUTOR),
+                .reporting(&crate::spin::report::EXECUTOR)
+                .driving(),
             drain_signal: tokio::sync::watch::Sender::new(false),
         }
     }
