@@ -72,6 +72,11 @@ fn lends(threads: usize) -> bool {
     allowed && threads == 1 && !crate::spin::configured_budget().is_zero()
 }
 
+/// Whether this process's runtime lends (or will, once made): see [`lends`].
+pub(crate) fn will_lend() -> bool {
+    lends(configured_threads())
+}
+
 /// The runtime together with the process that created it.
 struct Owned {
     pid: u32,

@@ -9,8 +9,8 @@
 //! for two cores, so the spin sites' trials kept half of them parked. Here the waiter does
 //! the runtime's work itself while it spins: the runtime is tokio's current-thread flavour,
 //! whose `block_on` lets whichever thread holds its one core run the tasks and poll the
-//! I/O driver. A serial loop's p50 on the 2-core machine fell from 44–72 µs to 34–39 µs, at
-//! Ray Compiled Graphs' 32–34 (`docs/benchmarks.md`).
+//! I/O driver. A serial loop's p50 on the 2-core machine fell from 44–72 µs to 34–36 µs, at
+//! Ray Compiled Graphs' 33–35 (`docs/benchmarks.md`).
 //!
 //! **Who drives.** The driver thread (`jaxcluster-rt`) holds the core whenever no waiter
 //! does. A waiter that spins ([`drive_until`]) asks for the core; the driver lets go of it
@@ -24,7 +24,8 @@
 //!
 //! **When.** Only a runtime of one thread lends (the default below 3 cores), and only where
 //! spinning is on: without a spinning waiter nobody would borrow the core.
-//! `JAXCLUSTER_RUNTIME_LEND=0` keeps the multi-threaded flavour with one thread, as before.
+//! `JAXCLUSTER_RUNTIME_LEND=0` keeps the multi-threaded flavour with one thread, as before,
+//! and its own thread's spin (`awake.rs`), which a lending runtime does without.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -40,6 +41,13 @@ use crate::setting::{Read, Setting};
 /// answer: longer than a serial loop's gap between two waits (the caller's own code), and
 /// short enough that work nobody waits for is not late by more than a timer's slack.
 pub const GRACE: Duration = Duration::from_millis(1);
+
+/// Turns of a waiter's spin on the runtime between two yields of its core to the operating
+/// system. Each turn polls the I/O driver (a system call); yielding the core on every turn
+/// as well made a turn twice as long, and the answer was seen later: p50 33–34 µs against
+/// 34–35 in alternating runs. Yielding now and then still lets another thread of the round
+/// trip run where the cores are all taken.
+const TURNS_PER_OS_YIELD: u32 = 16;
 
 /// The environment variable that turns lending off (`0`) or on (`1`, the default where the
 /// runtime has one thread and spinning is on).
@@ -220,6 +228,7 @@ impl Lend {
                 break false;
             }
             if self.released.load(Ordering::SeqCst) {
+                let mut turns = 0u32;
                 break self.runtime.block_on(async {
                     loop {
                         if ready() {
@@ -229,10 +238,13 @@ impl Lend {
                             return false;
                         }
                         // Lets tokio run what is queued and poll its I/O driver (a zero
-                        // timeout), then lets the operating system run another thread: on
-                        // two cores the other end of the round trip needs one.
+                        // timeout), and now and then lets the operating system run another
+                        // thread: on two cores the other end of the round trip needs one.
                         tokio::task::yield_now().await;
-                        std::thread::yield_now();
+                        turns += 1;
+                        if turns % TURNS_PER_OS_YIELD == 0 {
+                            std::thread::yield_now();
+                        }
                     }
                 });
             }

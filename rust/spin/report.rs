@@ -86,7 +86,7 @@ impl Report {
 }
 
 /// Every kind of site of this process, in a fixed order; `runtime_spins` says whether its
-/// runtime may spin at all (`crate::runtime::awake::spins`: one thread only).
+/// runtime may spin at all (`crate::runtime::awake::spins`: one thread, not lending).
 pub fn sites(runtime_spins: bool) -> Vec<SiteSnapshot> {
     let on = !super::configured_budget().is_zero();
     vec![
