@@ -7,6 +7,7 @@ lineage, release) is in ``test_dataflow_kept.py``.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import os
 from collections.abc import Iterator
@@ -171,3 +172,20 @@ def test_remote_values_inside_a_registered_jax_pytree(per_closure: ClusterCoordi
     assert isinstance(fetched, _Params) and fetched.name == "layer"
     np.testing.assert_array_equal(fetched.weights, np.ones(1000))
     assert fetched.bias == 5.0
+
+
+def test_plain_arguments_skip_the_walk_and_a_producer_among_them_is_still_found() -> None:
+    from jaxcluster.coordinator.dataflow_nodes import producers_of
+
+    class Producer:
+        _coordinator = None
+
+    plain_args = (1, 2.5, True, "s", b"b", None, 1j)
+    assert producers_of(plain_args, {"k": 3}, Producer, None) == []
+    first, nested = Producer(), Producer()
+    assert producers_of((1, first), {}, Producer, None) == [first]
+    assert producers_of((1,), {"k": [2, {"deep": nested}]}, Producer, None) == [nested]
+    # A container among plain values is walked: a producer inside a namedtuple is found.
+    pair = collections.namedtuple("pair", "a b")
+    inside = Producer()
+    assert producers_of((1, pair(2, inside)), {}, Producer, None) == [inside]

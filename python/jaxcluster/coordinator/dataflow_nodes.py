@@ -34,10 +34,17 @@ def find_remote_values(value: Any, kind: type) -> list[Any]:
     return found
 
 
+#: Argument types that hold no ``RemoteValue``: arguments of only these skip the walk
+#: (3.5 µs for ``args=(1,)``, a tenth of a serial round trip).
+_PLAIN = frozenset({int, float, bool, complex, str, bytes, type(None)})
+
+
 def producers_of(args: Any, kwargs: Any, kind: type, coordinator: Any) -> list[Any]:
     """The RemoteValues (of type ``kind``) among ``args``/``kwargs``; one made by another
     coordinator than ``coordinator`` is refused, its value being that session's."""
-    producers = find_remote_values((args, kwargs), kind) if args or kwargs else []
+    if all(type(v) in _PLAIN for v in args) and all(type(v) in _PLAIN for v in kwargs.values()):
+        return []
+    producers = find_remote_values((args, kwargs), kind)
     for producer in producers:
         owner = producer._coordinator
         if owner is not None and owner() is not coordinator:
