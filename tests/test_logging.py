@@ -288,8 +288,9 @@ def test_a_worker_process_log_level_is_a_flag() -> None:
 def test_a_ps_process_logs_why_it_stops() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXCLUSTER_")}
     env.update({"JAXCLUSTER_AUTH_TOKEN": "tok", "PYTHONUNBUFFERED": "1"})
+    # A port of its own: the default one may be taken by another test's or run's ps.
     ps = subprocess.Popen(
-        [sys.executable, "-m", "jaxcluster", "ps"],
+        [sys.executable, "-m", "jaxcluster", "ps", "--address", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
