@@ -72,9 +72,17 @@ fn lends(threads: usize) -> bool {
     allowed && threads == 1 && !crate::spin::configured_budget().is_zero()
 }
 
-/// Whether this process's runtime lends (or will, once made): see [`lends`].
+/// Whether this process's runtime lends (or will, once made): see [`lends`]. Decided once
+/// and kept: `awake::spins` asks on every event of a round trip.
 pub(crate) fn will_lend() -> bool {
-    lends(configured_threads())
+    static LENDS: OnceLock<bool> = OnceLock::new();
+    if let Some(&lends) = LENDS.get() {
+        return lends;
+    }
+    // Decided outside the lock: reading the settings may log a refused value, which takes
+    // the GIL (`crate::setting`).
+    let decided = lends(configured_threads());
+    *LENDS.get_or_init(|| decided)
 }
 
 /// The runtime together with the process that created it.
@@ -117,7 +125,7 @@ pub fn runtime() -> Result<&'static Runtime, RuntimeError> {
     // taken: logging takes the GIL (`crate::setting`).
     let owned = RUNTIME.get().unwrap_or_else(|| {
         let threads = configured_threads();
-        let lending = lends(threads);
+        let lending = will_lend();
         let owned = RUNTIME.get_or_init(|| build(threads, lending));
         if let Ok(owned) = owned {
             if lending {

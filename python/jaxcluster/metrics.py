@@ -302,17 +302,19 @@ def _spin(core: Any) -> Iterator[Any]:
     yield waits
     yield changes
     lending = _core.runtime_lending()
-    yield core.GaugeMetricFamily(
+    yield _gauge(
+        core,
         "jaxcluster_runtime_lending",
         "1 where the process's runtime of one thread lends its work to the thread that "
         "waits (fetch(), a worker's executor runs its tasks and I/O while it spins); 0 "
         "otherwise (JAXCLUSTER_RUNTIME_LEND).",
-        value=1 if lending.lending else 0,
+        1 if lending.lending else 0,
     )
-    yield core.CounterMetricFamily(
+    yield _counter(
+        core,
         "jaxcluster_runtime_lends",
         "Times the runtime's own thread let a waiting thread take the runtime.",
-        value=lending.lends,
+        lending.lends,
     )
 
 
